@@ -1,0 +1,488 @@
+"""The Agent and its loop: passes of model call -> tool calls until a final answer."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from loomflow.agent.tools import Tool, as_tool
+from loomflow.agent.tuning import SessionState, Tuning
+from loomflow.errors import (
+    CheckpointNotFoundError,
+    InvalidEventError,
+    LoomflowError,
+    SerializationError,
+)
+from loomflow.models.base import COMPACTION_INSTRUCTIONS, Model
+from loomflow.runtime import InProcRuntime, Journal, RestoredState, Runtime, Scope, SessionWriter
+from loomflow.schemas import (
+    CheckpointMeta,
+    CheckpointWritten,
+    Message,
+    Role,
+    RunFailed,
+    RunFinished,
+    RunResult,
+    StopReason,
+    ToolCall,
+    TranscriptCompacted,
+    TurnAppended,
+    Usage,
+    new_id,
+    validate_id,
+)
+from loomflow.schemas.codec import dumps, input_hash
+from loomflow.schemas.events import (
+    CheckpointWrittenPayload,
+    RunFailedPayload,
+    RunFinishedPayload,
+    SessionForkedPayload,
+    TranscriptCompactedPayload,
+    TurnAppendedPayload,
+)
+
+__all__ = ["Agent"]
+
+logger = logging.getLogger("loomflow.agent")
+
+
+def _resolve_model(model: Model | str) -> Model:
+    if isinstance(model, str):
+        from loomflow.models.anthropic import AnthropicModel
+
+        return AnthropicModel(model)
+    if not hasattr(model, "complete"):
+        raise TypeError(f"model must be a Claude model name or a Model, got {type(model).__name__}")
+    return model
+
+
+class Agent:
+    """An agent whose runs are journaled by its runtime and can be resumed or forked."""
+
+    def __init__(
+        self,
+        instructions: str,
+        *,
+        model: Model | str,
+        runtime: Runtime | None = None,
+        tuning: Tuning | None = None,
+        tools: Sequence[Callable[..., Any] | Tool] | None = None,
+    ) -> None:
+        if not isinstance(instructions, str):
+            raise TypeError("instructions must be a string")
+        self.instructions = instructions
+        self.model = _resolve_model(model)
+        self.runtime = runtime if runtime is not None else InProcRuntime()
+        self.tuning = tuning or Tuning()
+        self.tools: dict[str, Tool] = {}
+        for fn in tools or ():
+            tool = as_tool(fn)
+            if tool.name in self.tools:
+                raise ValueError(f"two tools are named {tool.name!r}")
+            self.tools[tool.name] = tool
+
+    async def run(
+        self,
+        prompt: str,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> RunResult:
+        """Run the agent on ``prompt``; an existing session_id continues its conversation.
+
+        On a session that already has events (a crashed or finished run), the
+        conversation is rebuilt from the log first: recorded model and tool calls are
+        restored, never executed again.
+        """
+        if not isinstance(prompt, str):
+            raise TypeError("prompt must be a string")
+        scope = Scope.of(new_id("sess") if session_id is None else session_id, user_id)
+        writer = await self.runtime.open_session(
+            scope, run_id=new_id("run"), mode="run", metadata=metadata
+        )
+        restored = await self.runtime.restore(scope)
+        return await _Run(self, writer, restored).drive(prompt)
+
+    async def resume(
+        self,
+        prompt: str | None = None,
+        *,
+        session_id: str,
+        from_checkpoint: str = "latest",
+        user_id: str | None = None,
+        **run_kwargs: Any,
+    ) -> RunResult:
+        """Continue a session from its latest checkpoint, or fork it from an older one.
+
+        ``from_checkpoint="latest"`` (or the latest id) continues in place, replaying the
+        events recorded after the checkpoint. Any older id forks into a new ``sess…``
+        session. Without any checkpoint this falls back to ``run`` on the same session.
+        """
+        scope = Scope.of(session_id, user_id)
+        if prompt is not None and not isinstance(prompt, str):
+            raise TypeError("prompt must be a string or None")
+        metadata = run_kwargs.pop("metadata", None)
+        if run_kwargs:
+            raise TypeError(f"resume() got unexpected keyword arguments {sorted(run_kwargs)}")
+        if not self.runtime.supports_checkpoints:
+            return await self.run(
+                prompt or self.tuning.continuation_prompt,
+                session_id=session_id,
+                user_id=user_id,
+                metadata=metadata,
+            )
+        if not isinstance(from_checkpoint, str):
+            raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
+        latest = await self.runtime.store.checkpoint(scope, None)
+        if from_checkpoint != "latest":
+            validate_id(from_checkpoint, "checkpoint id")
+            target = await self.runtime.store.checkpoint(scope, from_checkpoint)
+            if target is None:
+                raise CheckpointNotFoundError(
+                    f"no checkpoint {from_checkpoint} for {scope.describe()}; list them with "
+                    "agent.list_checkpoints(session_id, user_id=...)"
+                )
+            if latest is not None and target.checkpoint_id != latest.checkpoint_id:
+                return await self._fork(scope, target.checkpoint_id, prompt, metadata)
+        if latest is None:
+            logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
+            return await self.run(
+                prompt or self.tuning.continuation_prompt,
+                session_id=session_id,
+                user_id=user_id,
+                metadata=metadata,
+            )
+        writer = await self.runtime.open_session(
+            scope,
+            run_id=new_id("run"),
+            mode="resume",
+            from_checkpoint=latest.checkpoint_id,
+            metadata=metadata,
+        )
+        restored = await self.runtime.restore(scope)
+        return await _Run(self, writer, restored).drive(prompt or self.tuning.continuation_prompt)
+
+    async def _fork(
+        self, parent: Scope, checkpoint_id: str, prompt: str | None, metadata: dict[str, Any] | None
+    ) -> RunResult:
+        state = await self.runtime.restore(parent, checkpoint_id)
+        if state is None:  # pruned between the lookup and now
+            raise CheckpointNotFoundError(
+                f"checkpoint {checkpoint_id} of {parent.describe()} disappeared before the fork"
+            )
+        child = Scope(new_id("sess"), parent.user_id)
+        writer = await self.runtime.open_session(
+            child,
+            run_id=new_id("run"),
+            mode="fork",
+            from_checkpoint=checkpoint_id,
+            metadata=metadata,
+            fork=SessionForkedPayload(
+                parent_session_id=parent.session_id,
+                parent_checkpoint_id=checkpoint_id,
+                messages=state.messages,
+                turn=state.turns,
+                cumulative_usage=state.usage,
+            ),
+        )
+        restored = await self.runtime.restore(child)
+        return await _Run(self, writer, restored).drive(prompt or self.tuning.continuation_prompt)
+
+    async def list_checkpoints(
+        self, session_id: str, limit: int = 50, *, user_id: str | None = None
+    ) -> list[CheckpointMeta]:
+        """Checkpoints of the session for this user, newest first, without messages."""
+        scope = Scope.of(session_id, user_id)
+        if not self.runtime.supports_checkpoints:
+            return []
+        return await self.runtime.list_checkpoints(scope, limit)
+
+
+class _Run:
+    """One run of the loop over one session, as its single writer."""
+
+    def __init__(self, agent: Agent, writer: SessionWriter, restored: RestoredState | None) -> None:
+        self.agent = agent
+        self.tuning = agent.tuning
+        self.writer = writer
+        self.messages: list[Message] = list(restored.messages) if restored else []
+        self.turns = restored.turns if restored else 0
+        self.usage = restored.usage if restored else Usage()
+        self.restored_turns = self.turns
+        self.session = restored.session if restored else None
+        self.model_calls = 0
+        self.passes = 0
+        self.stop_reason: StopReason = "completed"
+        self._context_tokens: int | None = None
+        self._digest = hashlib.sha256()
+        for message in self.messages:
+            self._digest.update(message.model_dump_json().encode())
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def drive(self, prompt: str) -> RunResult:
+        try:
+            await self._finish_pending_tools()
+            opening: list[Message] = []
+            if not self.messages:
+                opening.append(Message.system(self.agent.instructions))
+            opening.append(Message.user(prompt))
+            await self._append(opening)
+            hook_iterations = 0
+            while True:
+                await self._pass()
+                await self._maybe_compact()
+                self.passes += 1
+                if self.tuning.checkpoint:
+                    await self._checkpoint()
+                if self.stop_reason == "max_turns" or not self.tuning.stop_hooks:
+                    break
+                injected = await self._stop_hooks()
+                if injected is None:
+                    break
+                if hook_iterations >= self.tuning.max_stop_hook_iterations:
+                    self.stop_reason = "stop_hook_limit"
+                    break
+                hook_iterations += 1
+                await self._append([injected])
+            output = self._output()
+            await self.writer.emit(
+                RunFinished,
+                RunFinishedPayload(
+                    output=output, turns=self.turns, usage=self.usage, stop_reason=self.stop_reason
+                ),
+            )
+        except BaseException as exc:
+            await self._record_failure(exc)
+            raise
+        return self._result(output)
+
+    async def _pass(self) -> None:
+        while True:
+            await self._finish_pending_tools()
+            last = self.messages[-1]
+            if last.role is Role.ASSISTANT and not last.tool_calls:
+                return
+            if self.model_calls >= self.tuning.max_turns:
+                self.stop_reason = "max_turns"
+                return
+            await self._model_turn()
+
+    async def _model_turn(self) -> None:
+        tools = [tool.spec for tool in self.agent.tools.values()]
+        digest = self._digest.copy()
+        digest.update(orjson.dumps([self.agent.model.name, [t.name for t in tools]]))
+        response = await self.agent.model.complete(list(self.messages), tools)
+        self.turns += 1
+        self.model_calls += 1
+        self.usage = self.usage + response.usage
+        self._context_tokens = response.usage.total_tokens
+        await self._append(
+            [response.message],
+            usage=response.usage,
+            model_call=True,
+            step_key=f"model:{self.turns}",
+            input_hash=digest.hexdigest()[:32],
+        )
+
+    async def _finish_pending_tools(self) -> None:
+        """Run the tool calls of the last assistant message that have no result yet."""
+        for index in range(len(self.messages) - 1, -1, -1):
+            if self.messages[index].role is Role.ASSISTANT:
+                break
+        else:
+            return
+        calls = self.messages[index].tool_calls
+        answered = {m.tool_call_id for m in self.messages[index + 1 :] if m.role is Role.TOOL}
+        for call in calls:
+            if call.id not in answered:
+                await self._call_tool(call)
+
+    async def _call_tool(self, call: ToolCall) -> None:
+        tool = self.agent.tools.get(call.name)
+        is_error = False
+        if tool is None:
+            content, is_error = f"unknown tool {call.name!r}", True
+        else:
+            journal = Journal(self.writer, prefix=f"tool:{call.id}/")
+            token = journal.activate()
+            try:
+                value = await tool.invoke(call.arguments)
+            except ValidationError as exc:
+                content, is_error = f"invalid arguments for {call.name}: {exc}", True
+            except LoomflowError:
+                raise
+            except Exception as exc:
+                logger.info("tool %s raised %s: %s", call.name, type(exc).__name__, exc)
+                content, is_error = f"{type(exc).__name__}: {exc}", True
+            else:
+                content = self._tool_content(call.name, value)
+            finally:
+                Journal.deactivate(token)
+        await self._append(
+            [Message.tool(call.id, content, is_error=is_error)],
+            step_key=f"tool:{call.id}",
+            input_hash=input_hash([call.name, call.arguments]),
+        )
+
+    @staticmethod
+    def _tool_content(name: str, value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        try:
+            return dumps(value).decode()
+        except SerializationError as exc:
+            raise SerializationError(
+                f"tool {name!r} returned a {type(value).__name__}, which is not "
+                "JSON-serialisable; return str, numbers, bool, None, lists or dicts"
+            ) from exc
+
+    async def _stop_hooks(self) -> Message | None:
+        state = SessionState(
+            session_id=self.writer.scope.session_id,
+            user_id=self.writer.scope.user_id,
+            run_id=self.writer.run_id,
+            messages=tuple(self.messages),
+            turns=self.turns,
+            usage=self.usage,
+            passes=self.passes,
+            output=self._output(),
+        )
+        for hook in self.tuning.stop_hooks:
+            outcome: Any = hook(state)
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            if outcome is None:
+                continue
+            if isinstance(outcome, str):
+                return Message.user(outcome)
+            if isinstance(outcome, Message):
+                return outcome
+            raise TypeError(
+                f"stop hook {hook!r} returned {type(outcome).__name__}; return str, Message or None"
+            )
+        return None
+
+    # -- compaction and checkpoints -----------------------------------------------------
+
+    def _estimated_tokens(self) -> int:
+        if self._context_tokens is not None:
+            return self._context_tokens
+        return sum(len(m.content) + len(str(m.tool_calls)) for m in self.messages) // 4
+
+    async def _maybe_compact(self) -> None:
+        threshold = self.tuning.auto_compact_at_tokens
+        if threshold is None or self._estimated_tokens() < threshold:
+            return
+        lead = 0
+        while lead < len(self.messages) and self.messages[lead].role is Role.SYSTEM:
+            lead += 1
+        # the kept tail starts at a user message so no tool result loses its tool call
+        cut = max(lead, len(self.messages) - self.tuning.compact_keep_messages)
+        while cut > lead and self.messages[cut].role is not Role.USER:
+            cut -= 1
+        head = self.messages[lead:cut]
+        if not head:
+            return
+        transcript = "\n\n".join(_render(m) for m in head)
+        response = await self.agent.model.complete(
+            [Message.system(COMPACTION_INSTRUCTIONS), Message.user(transcript)], []
+        )
+        self.model_calls += 1
+        self.usage = self.usage + response.usage
+        compacted = [
+            *self.messages[:lead],
+            Message.user(f"Summary of the earlier conversation:\n{response.message.content}"),
+            *self.messages[cut:],
+        ]
+        await self.writer.emit(
+            TranscriptCompacted,
+            TranscriptCompactedPayload(
+                messages=compacted, usage=response.usage, replaced_messages=len(head)
+            ),
+        )
+        self.messages = compacted
+        self._context_tokens = None
+        self._digest = hashlib.sha256()
+        for message in compacted:
+            self._digest.update(message.model_dump_json().encode())
+        logger.info("compacted %d messages of %s", len(head), self.writer.scope.describe())
+
+    async def _checkpoint(self) -> None:
+        payload = CheckpointWrittenPayload(
+            checkpoint_id=new_id("ckpt"),
+            turn=self.turns,
+            cumulative_usage=self.usage,
+            cursor=f"pass:{self.passes}",
+            message_count=len(self.messages),
+            retain=self.agent.runtime.max_checkpoints_per_session,
+        )
+        try:
+            await self.writer.emit(CheckpointWritten, payload)
+        except InvalidEventError:
+            raise  # fenced or erased: this run must not go on writing
+        except Exception as exc:
+            logger.warning(
+                "checkpoint of %s after pass %d failed (%s: %s); the run goes on",
+                self.writer.scope.describe(),
+                self.passes,
+                type(exc).__name__,
+                exc,
+            )
+
+    # -- events and results -------------------------------------------------------------
+
+    async def _append(self, messages: list[Message], **fields: Any) -> None:
+        await self.writer.emit(TurnAppended, TurnAppendedPayload(messages=messages, **fields))
+        self.messages.extend(messages)
+        for message in messages:
+            self._digest.update(message.model_dump_json().encode())
+
+    async def _record_failure(self, exc: BaseException) -> None:
+        if isinstance(exc, InvalidEventError):
+            return  # the session is no longer ours to write to
+        try:
+            await self.writer.emit(
+                RunFailed, RunFailedPayload(error_type=type(exc).__name__, error=str(exc)[:2000])
+            )
+        except BaseException as again:  # the store may be what failed
+            logger.warning("could not record the failure of run %s: %s", self.writer.run_id, again)
+
+    def _output(self) -> str:
+        for message in reversed(self.messages):
+            if message.role is Role.ASSISTANT:
+                return message.content
+        return ""
+
+    def _result(self, output: str) -> RunResult:
+        parent = self.session
+        return RunResult(
+            session_id=self.writer.scope.session_id,
+            output=output,
+            turns=self.turns,
+            tokens_in=self.usage.input_tokens,
+            cached_tokens_in=self.usage.cached_input_tokens,
+            tokens_out=self.usage.output_tokens,
+            cost_usd=self.usage.cost_usd,
+            usage=self.usage,
+            run_id=self.writer.run_id,
+            restored_turns=self.restored_turns,
+            model_calls=self.model_calls,
+            stop_reason=self.stop_reason,
+            parent_session_id=parent.parent_session_id if parent else None,
+            parent_checkpoint_id=parent.parent_checkpoint_id if parent else None,
+        )
+
+
+def _render(message: Message) -> str:
+    text = f"[{message.role.value}] {message.content}"
+    for call in message.tool_calls:
+        text += f"\n(called {call.name} with {orjson.dumps(call.arguments).decode()})"
+    return text

@@ -1,0 +1,102 @@
+"""Plain Python functions as tools: their type hints and docstring give the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from loomflow.models.base import ToolSpec
+
+__all__ = ["Tool", "as_tool"]
+
+_ARG_LINE = re.compile(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
+_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?)\s*:\s*$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Description (text before any section) and per-argument descriptions (Google style)."""
+    lines = inspect.cleandoc(doc).splitlines() if doc else []
+    description: list[str] = []
+    args: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        header = _SECTION.match(line)
+        if header:
+            section, current = header.group(1), None
+            continue
+        if section is None:
+            description.append(line)
+        elif section in ("Args", "Arguments", "Parameters"):
+            match = _ARG_LINE.match(line)
+            if match:
+                current = match.group(1).lstrip("*")
+                args[current] = match.group(2).strip()
+            elif current and line.strip():
+                args[current] += " " + line.strip()
+    return "\n".join(description).strip(), args
+
+
+def _strip_titles(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _strip_titles(v) for k, v in schema.items() if k != "title"}
+    if isinstance(schema, list):
+        return [_strip_titles(v) for v in schema]
+    return schema
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable the model may invoke, with the schema the model sees."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    arguments: type[BaseModel]
+
+    @property
+    def spec(self) -> ToolSpec:
+        schema = _strip_titles(self.arguments.model_json_schema())
+        schema.setdefault("properties", {})
+        return ToolSpec(self.name, self.description, schema)
+
+    async def invoke(self, arguments: dict[str, Any]) -> Any:
+        """Validate the model's arguments, then call the function (sync ones on a thread)."""
+        parsed = self.arguments.model_validate(arguments)
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if inspect.iscoroutinefunction(self.fn):
+            return await self.fn(**kwargs)
+        result = await asyncio.to_thread(self.fn, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+
+def as_tool(fn: Callable[..., Any] | Tool) -> Tool:
+    """Describe a function as a tool; its parameters must be keyword-compatible."""
+    if isinstance(fn, Tool):
+        return fn
+    if not callable(fn):
+        raise TypeError(f"a tool must be a function, got {type(fn).__name__}")
+    name = getattr(fn, "__name__", "")
+    if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValueError(f"tool name {name!r} must be 1-64 letters, digits, '_' or '-'")
+    description, arg_docs = _parse_docstring(inspect.getdoc(fn) or "")
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for param in inspect.signature(fn).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise TypeError(
+                f"tool {name!r}: parameter {param.name!r} must be a plain keyword parameter"
+            )
+        annotation = hints.get(param.name, Any)
+        default = ... if param.default is param.empty else param.default
+        fields[param.name] = (annotation, Field(default, description=arg_docs.get(param.name)))
+    model = create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    return Tool(name=name, description=description or name, fn=fn, arguments=model)

@@ -1,0 +1,70 @@
+"""Every error loomflow raises on purpose, in one small hierarchy."""
+
+from __future__ import annotations
+
+__all__ = [
+    "CheckpointNotFoundError",
+    "CorruptRecordError",
+    "InvalidEventError",
+    "InvalidIdError",
+    "LoomflowError",
+    "ModelError",
+    "SequenceConflictError",
+    "SerializationError",
+    "SessionErasedError",
+    "StaleWriterError",
+    "StoreError",
+    "UnsafeDeserializationError",
+]
+
+
+class LoomflowError(Exception):
+    """Base class of every error loomflow raises on purpose."""
+
+
+class InvalidIdError(LoomflowError, ValueError):
+    """A session, user or checkpoint id that cannot be stored safely."""
+
+
+class CheckpointNotFoundError(LoomflowError, LookupError):
+    """The checkpoint asked for does not exist in this (session, user) scope."""
+
+
+class SerializationError(LoomflowError, TypeError):
+    """A value that must be stored as JSON is not JSON-serialisable."""
+
+
+class ModelError(LoomflowError):
+    """The model adapter could not produce a response."""
+
+
+class InvalidEventError(LoomflowError, ValueError):
+    """An event that the fold refuses: malformed, out of order, stale or erased."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class StaleWriterError(InvalidEventError):
+    """A writer whose epoch was superseded tried to append to a resumed session."""
+
+
+class SequenceConflictError(InvalidEventError):
+    """Another writer appended to the session first (seq already taken or a gap)."""
+
+
+class SessionErasedError(InvalidEventError):
+    """The session was erased; nothing can be appended to it again."""
+
+
+class StoreError(LoomflowError):
+    """The store cannot be opened, read or written."""
+
+
+class CorruptRecordError(StoreError):
+    """A stored record does not decode as what loomflow wrote there."""
+
+
+class UnsafeDeserializationError(StoreError):
+    """A pickled value was found in a store that only accepts JSON."""

@@ -1,0 +1,96 @@
+"""A deterministic model for tests and the offline demo."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from loomflow.errors import ModelError
+from loomflow.models.base import COMPACTION_INSTRUCTIONS, ModelResponse, ToolSpec
+from loomflow.schemas import Message, Role, ToolCall, Usage
+
+__all__ = ["Reply", "ScriptedModel"]
+
+Reply = str | Message
+Script = Sequence[Reply] | Callable[[Sequence[Message]], Reply]
+
+
+class ScriptedModel:
+    """Answers from a script instead of a network call.
+
+    With a list, the reply to a request is ``script[i]`` where ``i`` is the number of
+    assistant messages already in the request: a process that resumes a session gets the
+    same next reply as the one that was killed. A callable gets the messages and picks.
+    Usage is derived from text length (about four characters a token) and priced at
+    ``price_in``/``price_out`` USD per million tokens, so costs add up like a real model's.
+    """
+
+    def __init__(
+        self,
+        script: Script,
+        *,
+        name: str = "scripted",
+        price_in: float = 3.0,
+        price_out: float = 15.0,
+        latency: float = 0.0,
+        on_call: Callable[[Sequence[Message]], Any] | None = None,
+    ) -> None:
+        self.name = name
+        self._script = script
+        self._price_in = price_in
+        self._price_out = price_out
+        self._latency = latency
+        self._on_call = on_call
+        self.calls: list[list[Message]] = []
+
+    @staticmethod
+    def tool_call(name: str, /, **arguments: Any) -> Message:
+        """An assistant message calling one tool (its id is assigned per turn)."""
+        return Message.assistant(tool_calls=[ToolCall(id="", name=name, arguments=arguments)])
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> ModelResponse:
+        self.calls.append(list(messages))
+        if self._on_call is not None:
+            outcome = self._on_call(messages)
+            if asyncio.iscoroutine(outcome):
+                await outcome
+        if self._latency:
+            await asyncio.sleep(self._latency)  # stands in for network time, not for sync
+        index = sum(1 for m in messages if m.role is Role.ASSISTANT)
+        if messages and messages[0].content == COMPACTION_INSTRUCTIONS:
+            reply: Reply = f"Summary of {len(messages[1].content)} characters of work so far."
+        elif callable(self._script):
+            reply = self._script(messages)
+        elif index < len(self._script):
+            reply = self._script[index]
+        else:
+            raise ModelError(
+                f"scripted model {self.name!r} has {len(self._script)} replies and was asked "
+                f"for reply {index + 1}"
+            )
+        message = Message.assistant(reply) if isinstance(reply, str) else reply
+        if any(not call.id for call in message.tool_calls):
+            message = message.model_copy(
+                update={
+                    "tool_calls": [
+                        call if call.id else call.model_copy(update={"id": f"call_{index}_{k}"})
+                        for k, call in enumerate(message.tool_calls)
+                    ]
+                }
+            )
+        return ModelResponse(message=message, usage=self._usage(messages, message))
+
+    def _usage(self, messages: Sequence[Message], reply: Message) -> Usage:
+        tokens_in = sum(_chars(m) for m in messages) // 4 + 1
+        tokens_out = _chars(reply) // 4 + 1
+        cost = (tokens_in * self._price_in + tokens_out * self._price_out) / 1_000_000
+        return Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=round(cost, 10))
+
+
+def _chars(message: Message) -> int:
+    return len(message.content) + sum(
+        len(c.name) + len(str(c.arguments)) for c in message.tool_calls
+    )

@@ -1,0 +1,12 @@
+"""The read model: the fold from events to rows, and each dialect's SQL."""
+
+from loomflow.projections.fold import (
+    CheckpointRow,
+    Mutation,
+    SessionRow,
+    StepRow,
+    fold,
+    materialise,
+)
+
+__all__ = ["CheckpointRow", "Mutation", "SessionRow", "StepRow", "fold", "materialise"]

@@ -1,0 +1,394 @@
+"""The SQLite dialect of the log and read model: schema, migrations, mutations, queries.
+
+Functions here are synchronous and take a ``sqlite3.Connection``; the SQLite store
+calls them on its own thread. The transcript is not copied into the read model: the
+log table in the same file already holds every turn's messages.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from loomflow.errors import CorruptRecordError, StoreError
+from loomflow.projections.fold import (
+    AddTranscript,
+    CheckpointRow,
+    DeleteCheckpoints,
+    EraseSession,
+    Mutation,
+    PutCheckpoint,
+    PutStep,
+    RetainCheckpoints,
+    SessionRow,
+    StepRow,
+)
+from loomflow.schemas import Event, Usage
+from loomflow.schemas.codec import decode_event
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "apply",
+    "decode_event_row",
+    "insert_event",
+    "load_session",
+    "migrate",
+    "save_session",
+    "ts",
+]
+
+SCHEMA_VERSION = 1
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE loomflow_events (
+        position INTEGER PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        v INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        payload TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX loomflow_events_scope ON loomflow_events (user_id, session_id, seq);
+    CREATE TABLE loomflow_sessions (
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        status TEXT NOT NULL,
+        last_seq INTEGER NOT NULL,
+        epoch INTEGER NOT NULL,
+        turns INTEGER NOT NULL,
+        usage TEXT NOT NULL,
+        message_count INTEGER NOT NULL,
+        base_seq INTEGER NOT NULL,
+        parent_session_id TEXT,
+        parent_checkpoint_id TEXT,
+        last_run_id TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (user_id, session_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX loomflow_sessions_updated ON loomflow_sessions (updated_at);
+    CREATE TABLE loomflow_checkpoints (
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        checkpoint_id TEXT NOT NULL,
+        base_seq INTEGER NOT NULL,
+        turn INTEGER NOT NULL,
+        message_count INTEGER NOT NULL,
+        usage TEXT NOT NULL,
+        cursor TEXT,
+        created_at TEXT NOT NULL,
+        PRIMARY KEY (user_id, session_id, seq)
+    ) WITHOUT ROWID;
+    CREATE UNIQUE INDEX loomflow_checkpoints_id
+        ON loomflow_checkpoints (user_id, session_id, checkpoint_id);
+    CREATE TABLE loomflow_steps (
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        step_key TEXT NOT NULL,
+        input_hash TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        value TEXT NOT NULL,
+        serializer TEXT NOT NULL,
+        at TEXT NOT NULL,
+        PRIMARY KEY (user_id, session_id, step_key)
+    ) WITHOUT ROWID;
+    """,
+}
+
+
+def migrate(conn: sqlite3.Connection) -> None:
+    """Bring the file to SCHEMA_VERSION; safe when several processes open it at once."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
+        row = conn.execute(
+            "SELECT value FROM loomflow_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        current = int(row[0]) if row else 0
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"this store has schema version {current}, newer than {SCHEMA_VERSION}: "
+                "upgrade loomflow to open it"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in _MIGRATIONS[version].split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+        conn.execute(
+            "INSERT OR REPLACE INTO loomflow_meta (key, value) VALUES ('schema_version', ?)",
+            (str(SCHEMA_VERSION),),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def ts(moment: datetime) -> str:
+    """A timestamp as fixed-width UTC ISO text, so text order is time order."""
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _uid(user_id: str | None) -> str:
+    return "" if user_id is None else user_id
+
+
+def _usage(text: str) -> Usage:
+    return Usage.model_validate_json(text)
+
+
+def load_session(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str
+) -> SessionRow | None:
+    row = conn.execute(
+        "SELECT status, last_seq, epoch, turns, usage, message_count, base_seq, "
+        "parent_session_id, parent_checkpoint_id, last_run_id, created_at, updated_at "
+        "FROM loomflow_sessions WHERE user_id = ? AND session_id = ?",
+        (_uid(user_id), session_id),
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        return SessionRow(
+            user_id=user_id,
+            session_id=session_id,
+            status=row[0],
+            last_seq=row[1],
+            epoch=row[2],
+            turns=row[3],
+            usage=_usage(row[4]),
+            message_count=row[5],
+            base_seq=row[6],
+            parent_session_id=row[7],
+            parent_checkpoint_id=row[8],
+            last_run_id=row[9],
+            created_at=datetime.fromisoformat(row[10]),
+            updated_at=datetime.fromisoformat(row[11]),
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecordError(f"session row {session_id!r} does not decode: {exc}") from exc
+
+
+def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO loomflow_sessions (user_id, session_id, status, last_seq, epoch, "
+        "turns, usage, message_count, base_seq, parent_session_id, parent_checkpoint_id, "
+        "last_run_id, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        (
+            _uid(row.user_id),
+            row.session_id,
+            row.status,
+            row.last_seq,
+            row.epoch,
+            row.turns,
+            row.usage.model_dump_json(),
+            row.message_count,
+            row.base_seq,
+            row.parent_session_id,
+            row.parent_checkpoint_id,
+            row.last_run_id,
+            ts(row.created_at),
+            ts(row.updated_at),
+        ),
+    )
+
+
+def insert_event(conn: sqlite3.Connection, event: Event) -> None:
+    payload = event.payload.model_dump_json(exclude_defaults=True)
+    conn.execute(
+        "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
+        "v, at, payload) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        (
+            _uid(event.user_id),
+            event.session_id,
+            event.seq,
+            event.type,
+            event.event_id,
+            event.run_id,
+            event.epoch,
+            event.v,
+            ts(event.at),
+            payload,
+        ),
+    )
+
+
+EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"
+
+
+def decode_event_row(row: Sequence[Any]) -> Event:
+    """Rebuild the event stored in one log row; CorruptRecordError when it does not decode."""
+    position, user_id, session_id, seq, type_, event_id, run_id, epoch, v, at, payload = row
+    try:
+        data = {
+            "user_id": user_id or None,
+            "session_id": session_id,
+            "seq": seq,
+            "type": type_,
+            "event_id": event_id,
+            "run_id": run_id,
+            "epoch": epoch,
+            "v": v,
+            "at": at,
+            "payload": orjson.loads(payload),
+        }
+        return decode_event(data)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise CorruptRecordError(
+            f"log row {position} (session {session_id!r}, seq {seq}) does not decode: {exc}"
+        ) from exc
+
+
+def _checkpoint_row(row: Sequence[Any]) -> CheckpointRow:
+    try:
+        return CheckpointRow(
+            checkpoint_id=row[0],
+            seq=row[1],
+            base_seq=row[2],
+            turn=row[3],
+            message_count=row[4],
+            cumulative_usage=_usage(row[5]),
+            cursor=row[6],
+            created_at=datetime.fromisoformat(row[7]),
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecordError(f"checkpoint row {row[0]!r} does not decode: {exc}") from exc
+
+
+CHECKPOINT_COLUMNS = "checkpoint_id, seq, base_seq, turn, message_count, usage, cursor, created_at"
+
+
+def get_checkpoint(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, checkpoint_id: str | None
+) -> CheckpointRow | None:
+    if checkpoint_id is None:
+        row = conn.execute(
+            f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
+            "AND session_id = ? ORDER BY seq DESC LIMIT 1",
+            (_uid(user_id), session_id),
+        ).fetchone()
+    else:
+        row = conn.execute(
+            f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
+            "AND session_id = ? AND checkpoint_id = ?",
+            (_uid(user_id), session_id, checkpoint_id),
+        ).fetchone()
+    return None if row is None else _checkpoint_row(row)
+
+
+def list_checkpoints(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, limit: int
+) -> list[CheckpointRow]:
+    rows = conn.execute(
+        f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
+        "AND session_id = ? ORDER BY seq DESC LIMIT ?",
+        (_uid(user_id), session_id, limit),
+    ).fetchall()
+    return [_checkpoint_row(r) for r in rows]
+
+
+def get_step(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, step_key: str
+) -> StepRow | None:
+    row = conn.execute(
+        "SELECT input_hash, seq, value, serializer, at FROM loomflow_steps "
+        "WHERE user_id = ? AND session_id = ? AND step_key = ?",
+        (_uid(user_id), session_id, step_key),
+    ).fetchone()
+    if row is None:
+        return None
+    try:
+        return StepRow(
+            step_key, row[0], row[1], orjson.loads(row[2]), row[3], datetime.fromisoformat(row[4])
+        )
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise CorruptRecordError(f"journal step {step_key!r} does not decode: {exc}") from exc
+
+
+def read_events(
+    conn: sqlite3.Connection,
+    user_id: str | None,
+    session_id: str,
+    lo: int,
+    hi: int,
+    types: Sequence[str] | None = None,
+) -> list[Event]:
+    sql = (
+        f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE user_id = ? AND session_id = ? "
+        "AND seq >= ? AND seq <= ?"
+    )
+    params: list[Any] = [_uid(user_id), session_id, lo, hi]
+    if types:
+        sql += f" AND type IN ({','.join('?' * len(types))})"
+        params.extend(types)
+    rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
+    return [decode_event_row(r) for r in rows]
+
+
+def apply(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, mutation: Mutation
+) -> None:
+    """Apply one fold mutation inside the caller's transaction."""
+    scope = (_uid(user_id), session_id)
+    match mutation:
+        case AddTranscript():
+            pass  # the log row of this event is the transcript row
+        case PutCheckpoint(row=r):
+            conn.execute(
+                f"INSERT INTO loomflow_checkpoints (user_id, session_id, {CHECKPOINT_COLUMNS}) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?)",
+                (
+                    *scope,
+                    r.checkpoint_id,
+                    r.seq,
+                    r.base_seq,
+                    r.turn,
+                    r.message_count,
+                    r.cumulative_usage.model_dump_json(),
+                    r.cursor,
+                    ts(r.created_at),
+                ),
+            )
+        case RetainCheckpoints(keep=keep):
+            conn.execute(
+                "DELETE FROM loomflow_checkpoints WHERE user_id = ? AND session_id = ? AND seq < "
+                "(SELECT min(seq) FROM (SELECT seq FROM loomflow_checkpoints WHERE user_id = ? "
+                "AND session_id = ? ORDER BY seq DESC LIMIT ?))",
+                (*scope, *scope, keep),
+            )
+        case DeleteCheckpoints(checkpoint_ids=ids):
+            conn.executemany(
+                "DELETE FROM loomflow_checkpoints WHERE user_id = ? AND session_id = ? "
+                "AND checkpoint_id = ?",
+                [(*scope, cid) for cid in ids],
+            )
+        case PutStep(row=r):
+            conn.execute(
+                "INSERT OR REPLACE INTO loomflow_steps (user_id, session_id, step_key, input_hash, "
+                "seq, value, serializer, at) VALUES (?,?,?,?,?,?,?,?)",
+                (
+                    *scope,
+                    r.step_key,
+                    r.input_hash,
+                    r.seq,
+                    orjson.dumps(r.value).decode(),
+                    r.serializer,
+                    ts(r.at),
+                ),
+            )
+        case EraseSession():
+            for table in ("loomflow_events", "loomflow_checkpoints", "loomflow_steps"):
+                conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?", scope)

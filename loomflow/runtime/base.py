@@ -1,0 +1,392 @@
+"""What an Agent talks to: a runtime over an event store (a log plus its read model)."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, TypeVar, cast
+
+from loomflow.errors import InvalidIdError, SequenceConflictError
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, materialise
+from loomflow.schemas import (
+    Checkpoint,
+    CheckpointMeta,
+    Event,
+    EventBase,
+    Message,
+    RunStarted,
+    SessionForked,
+    StepRecorded,
+    Usage,
+    validate_id,
+)
+from loomflow.schemas.codec import decode_value, encode_value, input_hash
+from loomflow.schemas.events import RunStartedPayload, SessionForkedPayload, StepRecordedPayload
+
+__all__ = [
+    "ANY_USER",
+    "EventStore",
+    "Journal",
+    "PruneResult",
+    "RestoredState",
+    "Runtime",
+    "Scope",
+    "Serializer",
+    "SessionWriter",
+    "current_journal",
+]
+
+logger = logging.getLogger("loomflow.runtime")
+
+Serializer = Literal["json", "pickle"]
+T = TypeVar("T")
+E = TypeVar("E", bound=EventBase)
+
+
+class _AnyUser:
+    def __repr__(self) -> str:
+        return "ANY_USER"
+
+
+#: Passed as ``user_id`` to store-wide operations to match every user.
+ANY_USER: Any = _AnyUser()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose session: every read and write is scoped by (user, session)."""
+
+    session_id: str
+    user_id: str | None = None
+
+    @classmethod
+    def of(cls, session_id: object, user_id: object = None) -> Scope:
+        """Validate ids supplied by a caller and return their scope."""
+        sid = validate_id(session_id, "session_id")
+        uid = None if user_id is None else validate_id(user_id, "user_id")
+        return cls(sid, uid)
+
+    def describe(self) -> str:
+        who = "no user" if self.user_id is None else f"user {self.user_id}"
+        return f"session {self.session_id} ({who})"
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``store.prune`` deleted."""
+
+    sessions: int = 0
+    checkpoints: int = 0
+    steps: int = 0
+    events: int = 0
+
+
+@dataclass(frozen=True)
+class RestoredState:
+    """A session's transcript, turn count and usage at a point of its log."""
+
+    messages: list[Message]
+    turns: int
+    usage: Usage
+    seq: int
+    checkpoint_id: str | None
+    session: SessionRow
+
+
+class EventStore(ABC):
+    """A log of events plus the read model folded from it.
+
+    ``append`` folds each event and applies the result in the same transaction as the
+    write; re-appending an event already stored at its seq (same event id) is a no-op,
+    so a writer may retry an append whose outcome it did not see.
+    """
+
+    @abstractmethod
+    async def append(self, events: Sequence[Event]) -> None:
+        """Append events atomically; raise InvalidEventError subclasses on refusal."""
+
+    @abstractmethod
+    async def session(self, scope: Scope) -> SessionRow | None:
+        """The session's row, or None when it has no events."""
+
+    @abstractmethod
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        """The named checkpoint (the newest when id is None), or None."""
+
+    @abstractmethod
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        """Up to ``limit`` checkpoints, newest first."""
+
+    @abstractmethod
+    async def transcript(self, scope: Scope, base_seq: int, upto_seq: int) -> list[Event]:
+        """Transcript events with base_seq <= seq <= upto_seq, in seq order."""
+
+    @abstractmethod
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        """The latest journal entry recorded under ``step_key``, or None."""
+
+    @abstractmethod
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        """The session's events after ``after_seq``, in order."""
+
+    @abstractmethod
+    async def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        session_id: str | None = None,
+        user_id: Any = ANY_USER,
+    ) -> PruneResult:
+        """Delete journal entries and checkpoints matching every given filter.
+
+        Sessions whose last event is older than ``before`` (or all matching sessions when
+        ``before`` is None) are deleted whole; in the others, checkpoints and journal
+        steps recorded before ``before`` are. At least one filter is required.
+        """
+
+    @abstractmethod
+    async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
+        """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
+
+    async def close(self) -> None:  # noqa: B027 - stores without resources need not close
+        """Release connections and threads."""
+
+
+def _check_prune_filters(before: datetime | None, session_id: str | None, user_id: Any) -> None:
+    if before is None and session_id is None and user_id is ANY_USER:
+        raise ValueError(
+            "prune() needs at least one filter (before=, session_id= or user_id=); "
+            "refusing to delete the whole store"
+        )
+    if before is not None and before.tzinfo is None:
+        raise ValueError("prune(before=...) needs an aware datetime, e.g. datetime.now(UTC)")
+    if session_id is not None:
+        validate_id(session_id, "session_id")
+    if user_id is not ANY_USER and user_id is not None:
+        validate_id(user_id, "user_id")
+
+
+class Runtime:
+    """Durable execution for an Agent: events to a store, restore, checkpoints, journal."""
+
+    supports_checkpoints = True
+
+    def __init__(
+        self,
+        store: EventStore,
+        *,
+        max_checkpoints_per_session: int = 20,
+        serializer: Serializer = "json",
+    ) -> None:
+        if serializer not in ("json", "pickle"):
+            raise ValueError(f"serializer must be 'json' or 'pickle', not {serializer!r}")
+        if not isinstance(max_checkpoints_per_session, int):
+            raise TypeError("max_checkpoints_per_session must be an int (< 1 keeps all)")
+        self._store = store
+        self.max_checkpoints_per_session = max_checkpoints_per_session
+        self.serializer: Serializer = serializer
+
+    @property
+    def store(self) -> EventStore:
+        return self._store
+
+    async def close(self) -> None:
+        await self._store.close()
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open_session(
+        self,
+        scope: Scope,
+        *,
+        run_id: str,
+        mode: Literal["run", "resume", "fork"] = "run",
+        from_checkpoint: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        fork: SessionForkedPayload | None = None,
+    ) -> SessionWriter:
+        """Claim the session for one writer (a new epoch) and record that a run started."""
+        started = RunStartedPayload(
+            mode=mode, from_checkpoint=from_checkpoint, metadata=metadata or {}
+        )
+        for _ in range(8):
+            row = await self._store.session(scope)
+            if fork is not None and row is not None:
+                raise InvalidIdError(f"fork target {scope.describe()} already exists")
+            writer = SessionWriter(
+                self,
+                scope,
+                run_id=run_id,
+                epoch=(row.epoch if row else 0) + 1,
+                next_seq=(row.last_seq if row else 0) + 1,
+            )
+            events: list[Event] = []
+            if fork is not None:
+                events.append(writer.make(SessionForked, fork))
+            events.append(writer.make(RunStarted, started, offset=len(events)))
+            try:
+                await self._store.append(events)
+            except SequenceConflictError:
+                continue  # another writer opened the session between our read and write
+            writer.next_seq += len(events)
+            return writer
+        raise SequenceConflictError(
+            f"could not claim {scope.describe()}: other writers keep appending to it"
+        )
+
+    async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:
+        """Rebuild the session at its last event, or at a checkpoint; None if unknown."""
+        row = await self._store.session(scope)
+        if row is None or row.status == "erased":
+            return None
+        if checkpoint_id is None:
+            parts = await self._store.transcript(scope, row.base_seq, row.last_seq)
+            return RestoredState(
+                messages=materialise(parts, row.message_count),
+                turns=row.turns,
+                usage=row.usage,
+                seq=row.last_seq,
+                checkpoint_id=None,
+                session=row,
+            )
+        ckpt = await self._store.checkpoint(scope, checkpoint_id)
+        if ckpt is None:
+            return None
+        parts = await self._store.transcript(scope, ckpt.base_seq, ckpt.seq)
+        return RestoredState(
+            messages=materialise(parts, ckpt.message_count),
+            turns=ckpt.turn,
+            usage=ckpt.cumulative_usage,
+            seq=ckpt.seq,
+            checkpoint_id=ckpt.checkpoint_id,
+            session=row,
+        )
+
+    async def get_checkpoint(
+        self, scope: Scope, checkpoint_id: str | None = None
+    ) -> Checkpoint | None:
+        """The full checkpoint (messages materialised), newest when id is None."""
+        ckpt = await self._store.checkpoint(scope, checkpoint_id)
+        if ckpt is None:
+            return None
+        parts = await self._store.transcript(scope, ckpt.base_seq, ckpt.seq)
+        return Checkpoint(
+            session_id=scope.session_id,
+            checkpoint_id=ckpt.checkpoint_id,
+            turn=ckpt.turn,
+            messages=materialise(parts, ckpt.message_count),
+            cumulative_usage=ckpt.cumulative_usage,
+            cursor=ckpt.cursor,
+            created_at=ckpt.created_at,
+        )
+
+    async def list_checkpoints(self, scope: Scope, limit: int = 50) -> list[CheckpointMeta]:
+        """Checkpoint metadata, newest first; never loads messages."""
+        if not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, not {limit!r}")
+        rows = await self._store.list_checkpoints(scope, limit)
+        return [
+            CheckpointMeta(
+                session_id=scope.session_id,
+                checkpoint_id=r.checkpoint_id,
+                turn=r.turn,
+                created_at=r.created_at,
+            )
+            for r in rows
+        ]
+
+
+class SessionWriter:
+    """The single writer of one session for one run: assigns seq and stamps its epoch."""
+
+    def __init__(
+        self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
+    ) -> None:
+        self.runtime = runtime
+        self.scope = scope
+        self.run_id = run_id
+        self.epoch = epoch
+        self.next_seq = next_seq
+
+    def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
+        """Build the event that the next append (plus ``offset``) will write."""
+        return cls(
+            user_id=self.scope.user_id,
+            session_id=self.scope.session_id,
+            run_id=self.run_id,
+            seq=self.next_seq + offset,
+            epoch=self.epoch,
+            payload=payload,
+        )
+
+    async def emit(self, cls: type[E], payload: Any) -> E:
+        """Append one event; the seq is consumed only if the append succeeded."""
+        event = self.make(cls, payload)
+        await self.runtime.store.append([cast(Event, event)])
+        self.next_seq += 1
+        return event
+
+
+_current_journal: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(
+    "loomflow_journal", default=None
+)
+
+
+def current_journal() -> Journal | None:
+    """The journal of the tool call running now, or None outside an agent run."""
+    return _current_journal.get()
+
+
+class Journal:
+    """Journaled steps: same key and same inputs return the recorded result.
+
+    A step whose key was recorded with different inputs runs again and its new result
+    is recorded. A step that ran but whose record was not written before a crash runs
+    again on resume: delivery is at least once, so steps should be idempotent.
+    """
+
+    def __init__(self, writer: SessionWriter, prefix: str = "") -> None:
+        self._writer = writer
+        self._prefix = prefix
+
+    def scoped(self, prefix: str) -> Journal:
+        return Journal(self._writer, self._prefix + prefix)
+
+    async def step(
+        self, key: str, fn: Callable[..., T | Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` once per (key, inputs); replay its recorded value."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("a step key must be a non-empty string")
+        runtime = self._writer.runtime
+        full_key = self._prefix + key
+        digest = input_hash([list(args), kwargs])
+        recorded = await runtime.store.step(self._writer.scope, full_key)
+        if recorded is not None and recorded.input_hash == digest:
+            return cast(T, decode_value(recorded.value, runtime.serializer))
+        outcome = fn(*args, **kwargs)
+        value = cast(T, await outcome) if inspect.isawaitable(outcome) else outcome
+        stored = encode_value(value, runtime.serializer)
+        await self._writer.emit(
+            StepRecorded,
+            StepRecordedPayload(
+                step_key=full_key, input_hash=digest, value=stored, serializer=runtime.serializer
+            ),
+        )
+        return value
+
+    def activate(self) -> contextvars.Token[Journal | None]:
+        return _current_journal.set(self)
+
+    @staticmethod
+    def deactivate(token: contextvars.Token[Journal | None]) -> None:
+        _current_journal.reset(token)

@@ -1,0 +1,190 @@
+"""InProcRuntime: the event log and read model in this process's memory."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from loomflow.projections.fold import (
+    TRANSCRIPT_TYPES,
+    CheckpointRow,
+    SessionRow,
+    StepRow,
+    fold,
+)
+from loomflow.projections.memory import MemorySession, apply
+from loomflow.runtime.base import (
+    ANY_USER,
+    EventStore,
+    PruneResult,
+    Runtime,
+    Scope,
+    Serializer,
+    _check_prune_filters,
+)
+from loomflow.schemas import Event, SessionErased, StepRecorded, new_id
+from loomflow.schemas.events import SessionErasedPayload
+
+__all__ = ["InProcRuntime", "InProcStore"]
+
+
+@dataclass
+class _Entry:
+    row: SessionRow
+    log: list[Event] = field(default_factory=list)
+    model: MemorySession = field(default_factory=MemorySession)
+
+
+class InProcStore(EventStore):
+    """Events and read model in dicts; gone when the process ends."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[tuple[str | None, str], _Entry] = {}
+        self._lock = asyncio.Lock()
+
+    async def append(self, events: Sequence[Event]) -> None:
+        async with self._lock:
+            staged: dict[tuple[str | None, str], _Entry] = {}
+            for event in events:
+                key = (event.user_id, event.session_id)
+                entry = staged.get(key) or self._sessions.get(key)
+                if entry is not None and event.seq <= entry.row.last_seq:
+                    stored = _at_seq(entry.log, event.seq)
+                    if stored is not None and stored.event_id == event.event_id:
+                        continue  # a retried append of an event already stored
+                row, mutations = fold(entry.row if entry else None, event)
+                if entry is None:
+                    entry = _Entry(row)
+                elif key not in staged:
+                    # copy-on-write so a refused event later in the batch changes nothing
+                    entry = _Entry(
+                        row,
+                        list(entry.log),
+                        MemorySession(list(entry.model.checkpoints), dict(entry.model.steps)),
+                    )
+                entry.row = row
+                if mutations and isinstance(event, SessionErased):
+                    entry.log.clear()
+                entry.log.append(event)
+                for mutation in mutations:
+                    apply(entry.model, mutation)
+                staged[key] = entry
+            self._sessions.update(staged)
+
+    def _entry(self, scope: Scope) -> _Entry | None:
+        return self._sessions.get((scope.user_id, scope.session_id))
+
+    async def session(self, scope: Scope) -> SessionRow | None:
+        entry = self._entry(scope)
+        return entry.row if entry else None
+
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        entry = self._entry(scope)
+        if entry is None or not entry.model.checkpoints:
+            return None
+        if checkpoint_id is None:
+            return entry.model.checkpoints[-1]
+        for row in entry.model.checkpoints:
+            if row.checkpoint_id == checkpoint_id:
+                return row
+        return None
+
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        entry = self._entry(scope)
+        return list(reversed(entry.model.checkpoints))[:limit] if entry else []
+
+    async def transcript(self, scope: Scope, base_seq: int, upto_seq: int) -> list[Event]:
+        entry = self._entry(scope)
+        if entry is None:
+            return []
+        return [
+            e for e in entry.log if base_seq <= e.seq <= upto_seq and e.type in TRANSCRIPT_TYPES
+        ]
+
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        entry = self._entry(scope)
+        return entry.model.steps.get(step_key) if entry else None
+
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        entry = self._entry(scope)
+        return [e for e in entry.log if e.seq > after_seq] if entry else []
+
+    async def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        session_id: str | None = None,
+        user_id: Any = ANY_USER,
+    ) -> PruneResult:
+        _check_prune_filters(before, session_id, user_id)
+        sessions = checkpoints = steps = events = 0
+        async with self._lock:
+            for key, entry in list(self._sessions.items()):
+                if session_id is not None and key[1] != session_id:
+                    continue
+                if user_id is not ANY_USER and key[0] != user_id:
+                    continue
+                if before is None or entry.row.updated_at < before:
+                    sessions += 1
+                    checkpoints += len(entry.model.checkpoints)
+                    steps += len(entry.model.steps)
+                    events += len(entry.log)
+                    del self._sessions[key]
+                    continue
+                old_ckpts = [c for c in entry.model.checkpoints if c.created_at < before]
+                old_steps = {k for k, s in entry.model.steps.items() if s.at < before}
+                checkpoints += len(old_ckpts)
+                steps += len(old_steps)
+                entry.model.checkpoints = [
+                    c for c in entry.model.checkpoints if c.created_at >= before
+                ]
+                for k in old_steps:
+                    del entry.model.steps[k]
+                kept = [e for e in entry.log if not (isinstance(e, StepRecorded) and e.at < before)]
+                events += len(entry.log) - len(kept)
+                entry.log = kept
+        return PruneResult(sessions, checkpoints, steps, events)
+
+    async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
+        scope = Scope.of(session_id, user_id)
+        row = await self.session(scope)
+        if row is None or row.status == "erased":
+            return False
+        await self.append(
+            [
+                SessionErased(
+                    user_id=scope.user_id,
+                    session_id=scope.session_id,
+                    run_id=new_id("run"),
+                    seq=row.last_seq + 1,
+                    epoch=row.epoch,
+                    payload=SessionErasedPayload(reason="erase requested"),
+                )
+            ]
+        )
+        return True
+
+
+def _at_seq(log: list[Event], seq: int) -> Event | None:
+    for event in reversed(log):
+        if event.seq == seq:
+            return event
+        if event.seq < seq:
+            break
+    return None
+
+
+class InProcRuntime(Runtime):
+    """The same events and projection as the durable runtimes, kept in memory."""
+
+    def __init__(
+        self, max_checkpoints_per_session: int = 20, *, serializer: Serializer = "json"
+    ) -> None:
+        super().__init__(
+            InProcStore(),
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            serializer=serializer,
+        )

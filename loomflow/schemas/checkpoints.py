@@ -1,0 +1,63 @@
+"""Checkpoints, their listing metadata, and the result of a run."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from loomflow.schemas.clock import utcnow
+from loomflow.schemas.ids import new_id
+from loomflow.schemas.messages import Message, Usage
+
+__all__ = ["Checkpoint", "CheckpointMeta", "RunResult", "StopReason"]
+
+StopReason = Literal["completed", "max_turns", "stop_hook_limit"]
+
+
+class Checkpoint(BaseModel):
+    """A transcript snapshot taken after an architecture pass."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    checkpoint_id: str = Field(default_factory=lambda: new_id("ckpt"))
+    turn: int
+    messages: list[Message]
+    cumulative_usage: Usage
+    cursor: str | None = None
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class CheckpointMeta(BaseModel):
+    """What listing returns: which checkpoint, at which turn, when; never the messages."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    checkpoint_id: str
+    turn: int
+    created_at: datetime
+
+
+class RunResult(BaseModel):
+    """The outcome of ``agent.run`` or ``agent.resume``; usage includes restored turns."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    output: str
+    turns: int
+    tokens_in: int
+    cached_tokens_in: int
+    tokens_out: int
+    cost_usd: float
+    usage: Usage
+    run_id: str
+    # Beyond the spec: how much of this result was restored rather than executed.
+    restored_turns: int = 0
+    model_calls: int = 0
+    stop_reason: StopReason = "completed"
+    parent_session_id: str | None = None
+    parent_checkpoint_id: str | None = None

@@ -1,0 +1,182 @@
+"""JSON codec: events in and out, and tagged JSON for journal step values.
+
+Tagged JSON keeps a few common Python types round-tripping through plain JSON:
+``{"__lf__": "<tag>", "v": ...}``. Pickle is an opt-in of the journal only, and a
+JSON store refuses to unpickle anything it finds.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import pickle
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from loomflow.errors import (
+    CorruptRecordError,
+    InvalidEventError,
+    SerializationError,
+    UnsafeDeserializationError,
+)
+from loomflow.schemas.events import MAX_EVENT_BYTES, Event, event_adapter
+
+__all__ = [
+    "decode_event",
+    "decode_value",
+    "dumps",
+    "encode_event",
+    "encode_value",
+    "input_hash",
+    "loads",
+]
+
+_TAG = "__lf__"
+Serializer = Literal["json", "pickle"]
+
+
+def dumps(value: Any) -> bytes:
+    """Encode plain JSON (str keys, no NaN); raise SerializationError otherwise."""
+    try:
+        return orjson.dumps(value)
+    except TypeError as exc:
+        raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
+
+
+def loads(data: bytes | str) -> Any:
+    return orjson.loads(data)
+
+
+def encode_event(event: BaseModel) -> bytes:
+    return event.model_dump_json().encode()
+
+
+def decode_event(data: bytes | str | dict[str, Any]) -> Event:
+    """Validate one event strictly; raise InvalidEventError with the reason otherwise."""
+    if isinstance(data, dict):
+        try:
+            return event_adapter.validate_python(data)
+        except ValidationError as exc:
+            raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
+    if len(data) > MAX_EVENT_BYTES:
+        raise InvalidEventError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+    try:
+        return event_adapter.validate_json(data)
+    except ValidationError as exc:
+        raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
+
+
+def _short(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"{exc.error_count()} error(s), first at {where or '<root>'}: {first['msg']}"
+
+
+# --- tagged JSON ----------------------------------------------------------------------
+
+
+def _tag(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {_TAG: "float", "v": repr(value)}
+        return value
+    if isinstance(value, list):
+        return [_tag(v) for v in value]
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise SerializationError(
+                    f"dict key {key!r} of type {type(key).__name__} is not a string"
+                )
+            out[key] = _tag(item)
+        if _TAG in value:
+            return {_TAG: "dict", "v": out}
+        return out
+    if isinstance(value, tuple):
+        return {_TAG: "tuple", "v": [_tag(v) for v in value]}
+    if isinstance(value, set | frozenset):
+        return {_TAG: "set", "v": [_tag(v) for v in sorted(value, key=repr)]}
+    if isinstance(value, bytes):
+        return {_TAG: "bytes", "v": base64.b64encode(value).decode()}
+    if isinstance(value, dt.datetime):
+        return {_TAG: "datetime", "v": value.isoformat()}
+    if isinstance(value, dt.date):
+        return {_TAG: "date", "v": value.isoformat()}
+    if isinstance(value, Decimal):
+        return {_TAG: "decimal", "v": str(value)}
+    if isinstance(value, uuid.UUID):
+        return {_TAG: "uuid", "v": str(value)}
+    if isinstance(value, BaseModel):
+        return _tag(value.model_dump(mode="json"))
+    raise SerializationError(
+        f"{type(value).__name__} is not JSON-serialisable; return JSON types "
+        "(str, int, float, bool, None, list, dict) or opt into serializer='pickle'"
+    )
+
+
+_SCALARS: dict[str, Callable[[Any], Any]] = {
+    "float": float,
+    "bytes": base64.b64decode,
+    "datetime": dt.datetime.fromisoformat,
+    "date": dt.date.fromisoformat,
+    "decimal": Decimal,
+    "uuid": uuid.UUID,
+}
+
+
+def _untag(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_untag(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    tag = value.get(_TAG)
+    if tag is None:
+        return {k: _untag(v) for k, v in value.items()}
+    inner: Any = value.get("v")
+    if tag == "pickle":
+        raise UnsafeDeserializationError(
+            "found a pickled journal value in a JSON store; refusing to unpickle it. "
+            "Open the store with serializer='pickle' only if you trust who wrote it"
+        )
+    try:
+        if tag == "dict":
+            return {k: _untag(v) for k, v in inner.items()}
+        if tag == "tuple":
+            return tuple(_untag(v) for v in inner)
+        if tag == "set":
+            return {_untag(v) for v in inner}
+        if tag in _SCALARS:
+            return _SCALARS[tag](inner)
+    except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+        raise CorruptRecordError(f"tagged JSON value {tag!r} does not decode: {exc}") from exc
+    raise CorruptRecordError(f"unknown tagged JSON type {tag!r}")
+
+
+def encode_value(value: Any, serializer: Serializer = "json") -> Any:
+    """Turn a step's value into something JSON can hold."""
+    if serializer == "pickle":
+        blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        return {_TAG: "pickle", "v": base64.b64encode(blob).decode()}
+    return _tag(value)
+
+
+def decode_value(stored: Any, serializer: Serializer = "json") -> Any:
+    """Inverse of encode_value; a JSON store never unpickles."""
+    if serializer == "pickle" and isinstance(stored, dict) and stored.get(_TAG) == "pickle":
+        return pickle.loads(base64.b64decode(stored["v"]))
+    return _untag(stored)
+
+
+def input_hash(inputs: Any) -> str:
+    """A stable digest of a step's inputs (tagged JSON with sorted keys)."""
+    canonical = orjson.dumps(_tag(inputs), option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()[:32]

@@ -1,0 +1,230 @@
+"""The event envelope and every event type: a discriminated union on ``type``.
+
+Events are the source of truth. They are JSON only (``model_dump_json``), never pickle.
+A checkpoint event carries no messages: the transcript is the concatenation of the
+``turn.appended`` messages since the session's last *base* (its fork origin or its
+latest compaction), which is what keeps storage linear in a session's length.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from loomflow.schemas.clock import utcnow
+from loomflow.schemas.ids import new_id
+from loomflow.schemas.messages import Message, Usage
+
+__all__ = [
+    "EVENT_SCHEMA_VERSION",
+    "MAX_EVENT_BYTES",
+    "CheckpointWritten",
+    "CheckpointsPruned",
+    "Event",
+    "EventBase",
+    "RunFailed",
+    "RunFinished",
+    "RunStarted",
+    "SessionErased",
+    "SessionForked",
+    "SignalSent",
+    "StepRecorded",
+    "TranscriptCompacted",
+    "TurnAppended",
+    "event_adapter",
+]
+
+EVENT_SCHEMA_VERSION = 1
+MAX_EVENT_BYTES = 8 * 1024 * 1024
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class EventBase(BaseModel):
+    """The envelope every event shares."""
+
+    model_config = _FROZEN
+
+    event_id: str = Field(default_factory=lambda: new_id("evt"))
+    v: int = EVENT_SCHEMA_VERSION
+    user_id: str | None = None
+    session_id: str
+    run_id: str
+    seq: int = Field(ge=1)
+    epoch: int = Field(ge=0)
+    at: datetime = Field(default_factory=utcnow)
+
+
+# --- payloads -------------------------------------------------------------------------
+
+
+class RunStartedPayload(BaseModel):
+    model_config = _FROZEN
+    mode: Literal["run", "resume", "fork"] = "run"
+    from_checkpoint: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunFinishedPayload(BaseModel):
+    model_config = _FROZEN
+    output: str
+    turns: int
+    usage: Usage
+    stop_reason: str = "completed"
+
+
+class RunFailedPayload(BaseModel):
+    model_config = _FROZEN
+    error_type: str
+    error: str
+
+
+class TurnAppendedPayload(BaseModel):
+    """Messages a turn added to the transcript and what producing them cost.
+
+    ``step_key``/``input_hash`` identify the model or tool call that produced them,
+    so auditors can see which call each message came from.
+    """
+
+    model_config = _FROZEN
+    messages: list[Message]
+    usage: Usage = Field(default_factory=Usage)
+    model_call: bool = False
+    step_key: str | None = None
+    input_hash: str | None = None
+
+
+class TranscriptCompactedPayload(BaseModel):
+    """The whole transcript after auto-compaction: a new base for later turns."""
+
+    model_config = _FROZEN
+    messages: list[Message]
+    usage: Usage = Field(default_factory=Usage)
+    replaced_messages: int
+
+
+class StepRecordedPayload(BaseModel):
+    """A journal entry: the result of a step, keyed for replay."""
+
+    model_config = _FROZEN
+    step_key: str
+    input_hash: str
+    value: Any = None
+    serializer: Literal["json", "pickle"] = "json"
+
+
+class CheckpointWrittenPayload(BaseModel):
+    """A snapshot marker: the transcript is every message up to this event's seq."""
+
+    model_config = _FROZEN
+    checkpoint_id: str
+    turn: int
+    cumulative_usage: Usage
+    cursor: str | None = None
+    message_count: int
+    retain: int = Field(description="newest checkpoints kept per session; < 1 keeps all")
+
+
+class SessionForkedPayload(BaseModel):
+    """First event of a fork: where it came from and the transcript it starts with."""
+
+    model_config = _FROZEN
+    parent_session_id: str
+    parent_checkpoint_id: str
+    messages: list[Message]
+    turn: int
+    cumulative_usage: Usage
+
+
+class CheckpointsPrunedPayload(BaseModel):
+    model_config = _FROZEN
+    checkpoint_ids: list[str]
+
+
+class SessionErasedPayload(BaseModel):
+    model_config = _FROZEN
+    reason: str = ""
+
+
+class SignalSentPayload(BaseModel):
+    model_config = _FROZEN
+    name: str
+    data: Any = None
+
+
+# --- events ---------------------------------------------------------------------------
+
+
+class RunStarted(EventBase):
+    type: Literal["run.started"] = "run.started"
+    payload: RunStartedPayload = Field(default_factory=RunStartedPayload)
+
+
+class RunFinished(EventBase):
+    type: Literal["run.finished"] = "run.finished"
+    payload: RunFinishedPayload
+
+
+class RunFailed(EventBase):
+    type: Literal["run.failed"] = "run.failed"
+    payload: RunFailedPayload
+
+
+class TurnAppended(EventBase):
+    type: Literal["turn.appended"] = "turn.appended"
+    payload: TurnAppendedPayload
+
+
+class TranscriptCompacted(EventBase):
+    type: Literal["transcript.compacted"] = "transcript.compacted"
+    payload: TranscriptCompactedPayload
+
+
+class StepRecorded(EventBase):
+    type: Literal["step.recorded"] = "step.recorded"
+    payload: StepRecordedPayload
+
+
+class CheckpointWritten(EventBase):
+    type: Literal["checkpoint.written"] = "checkpoint.written"
+    payload: CheckpointWrittenPayload
+
+
+class SessionForked(EventBase):
+    type: Literal["session.forked"] = "session.forked"
+    payload: SessionForkedPayload
+
+
+class CheckpointsPruned(EventBase):
+    type: Literal["checkpoints.pruned"] = "checkpoints.pruned"
+    payload: CheckpointsPrunedPayload
+
+
+class SessionErased(EventBase):
+    type: Literal["session.erased"] = "session.erased"
+    payload: SessionErasedPayload = Field(default_factory=SessionErasedPayload)
+
+
+class SignalSent(EventBase):
+    type: Literal["signal.sent"] = "signal.sent"
+    payload: SignalSentPayload
+
+
+Event = Annotated[
+    RunStarted
+    | RunFinished
+    | RunFailed
+    | TurnAppended
+    | TranscriptCompacted
+    | StepRecorded
+    | CheckpointWritten
+    | SessionForked
+    | CheckpointsPruned
+    | SessionErased
+    | SignalSent,
+    Field(discriminator="type"),
+]
+
+event_adapter: TypeAdapter[Event] = TypeAdapter(Event)

@@ -1,0 +1,58 @@
+"""Time-sortable identifiers and validation of user-supplied ids."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+from loomflow.errors import InvalidIdError
+
+__all__ = ["MAX_ID_LENGTH", "new_id", "validate_id"]
+
+_ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=\-]*$")
+MAX_ID_LENGTH = 200
+
+_lock = threading.Lock()
+_last_ms = 0
+_last_rand = 0
+
+
+def _b32(value: int, width: int) -> str:
+    out = []
+    for _ in range(width):
+        out.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(out))
+
+
+def new_id(prefix: str) -> str:
+    """Return ``prefix`` + a 26-char id that sorts by creation time.
+
+    48 bits of milliseconds then 80 random bits; ids made in the same millisecond
+    by this process increase monotonically, so lexical order is creation order.
+    """
+    global _last_ms, _last_rand
+    with _lock:
+        ms = time.time_ns() // 1_000_000
+        if ms <= _last_ms:
+            ms = _last_ms
+            rand = _last_rand + 1
+        else:
+            rand = int.from_bytes(os.urandom(10), "big") >> 1  # leave room to increment
+        _last_ms, _last_rand = ms, rand
+    return f"{prefix}{_b32(ms, 10)}{_b32(rand, 16)}"
+
+
+def validate_id(value: object, what: str) -> str:
+    """Return ``value`` if it is usable as a session, user or checkpoint id, else raise."""
+    if not isinstance(value, str):
+        raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
+    if not value or len(value) > MAX_ID_LENGTH or not _ID_RE.match(value):
+        raise InvalidIdError(
+            f"invalid {what} {value[:60]!r}: use 1-{MAX_ID_LENGTH} characters from "
+            "letters, digits and . _ : @ + = - (starting with a letter or digit)"
+        )
+    return value

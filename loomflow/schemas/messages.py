@@ -1,0 +1,90 @@
+"""The transcript: messages, tool calls and token usage."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["Message", "Role", "ToolCall", "Usage"]
+
+
+class Role(StrEnum):
+    """Who wrote a message."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class ToolCall(BaseModel):
+    """A tool invocation requested by the model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Message(BaseModel):
+    """One message of a transcript.
+
+    Tool results are ``role="tool"`` messages carrying the ``tool_call_id`` they answer.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str = ""
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    is_error: bool = False
+
+    @classmethod
+    def system(cls, content: str) -> Message:
+        return cls(role=Role.SYSTEM, content=content)
+
+    @classmethod
+    def user(cls, content: str) -> Message:
+        return cls(role=Role.USER, content=content)
+
+    @classmethod
+    def assistant(cls, content: str = "", tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls(role=Role.ASSISTANT, content=content, tool_calls=tool_calls or [])
+
+    @classmethod
+    def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> Message:
+        return cls(role=Role.TOOL, content=content, tool_call_id=tool_call_id, is_error=is_error)
+
+
+class Usage(BaseModel):
+    """Tokens and cost of one or more model calls; ``+`` adds them up."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            input_tokens=self.input_tokens + other.input_tokens,
+            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
+            output_tokens=self.output_tokens + other.output_tokens,
+            cost_usd=round(self.cost_usd + other.cost_usd, 10),
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return (
+            self.input_tokens
+            + self.cached_input_tokens
+            + self.cache_write_tokens
+            + self.output_tokens
+        )
