@@ -265,15 +265,17 @@ class _Run:
         return self._result(output)
 
     async def _pass(self) -> None:
+        calls = 0
         while True:
             await self._finish_pending_tools()
             last = self.messages[-1]
             if last.role is Role.ASSISTANT and not last.tool_calls:
                 return
-            if self.model_calls >= self.tuning.max_turns:
+            if calls >= self.tuning.max_turns:
                 self.stop_reason = "max_turns"
                 return
             await self._model_turn()
+            calls += 1
 
     async def _model_turn(self) -> None:
         tools = [tool.spec for tool in self.agent.tools.values()]

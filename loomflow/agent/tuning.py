@@ -38,7 +38,8 @@ class Tuning:
     another pass with it as a user turn, at most ``max_stop_hook_iterations`` times.
     ``auto_compact_at_tokens``: when the transcript passes this size, older turns are
     summarised by the model (keeping ``compact_keep_messages`` recent ones) before the
-    pass's checkpoint. ``max_turns``: model calls allowed in one run.
+    pass's checkpoint. ``max_turns``: model calls allowed in one pass; reaching it
+    ends the run with ``stop_reason="max_turns"``.
     """
 
     checkpoint: bool = False

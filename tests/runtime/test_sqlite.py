@@ -1,0 +1,160 @@
+"""What only a file-backed store has to prove: crashes, files, concurrency, bad rows."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from loomflow.errors import CorruptRecordError, StoreError
+from loomflow.runtime import Scope, SqliteRuntime
+from tests.support.scenario import Research
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _worker(db: Path, session: str, log: Path, *extra: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.crash_worker", str(db), session, str(log), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def test_resume_after_sigkill_repeats_no_recorded_model_or_tool_call(tmp_path: Path) -> None:
+    db, log = tmp_path / "journal.db", tmp_path / "calls.log"
+    # the 8th model call is the note call of pass 3: pass 3's lookup has finished
+    victim = _worker(db, "s1", log, "--hang-at", "8")
+    try:
+        assert victim.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 60)
+        assert line.strip() == "HANGING", victim.stderr.read() if victim.stderr else ""
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        victim.wait(timeout=30)
+    assert victim.returncode == -signal.SIGKILL
+
+    runtime = SqliteRuntime(db)
+    state = await runtime.restore(Scope("s1"))
+    assert state is not None and state.turns == 7
+
+    research = Research(passes=3)
+    agent = research.agent(runtime)
+    result = await agent.resume(session_id="s1")
+    await runtime.close()
+
+    killed_run = Counter(log.read_text().splitlines())
+    resumed_turns = [
+        sum(1 for m in request if m.role.value == "assistant")
+        for request in research.models[-1].inner.calls
+    ]
+    assert resumed_turns == [7, 8]  # only the call that was in flight, and the answer
+    assert all(killed_run[f"model {turn}"] == 1 for turn in range(8))
+    # every tool ran exactly once across both processes
+    for name, count in research.tool_runs.items():
+        assert killed_run[f"tool {name}"] + count == 1, name
+    assert set(research.tool_runs) == {"note:faust noted"}
+    assert result.turns == 9 and result.restored_turns == 7 and result.output.startswith("Pass 3")
+
+
+async def test_several_processes_and_runtimes_share_one_file(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    workers = [_worker(db, f"proc-{n}", tmp_path / f"{n}.log", "--passes", "4") for n in range(3)]
+    here = [Research(passes=4).agent(SqliteRuntime(db)) for _ in range(2)]
+    results = await asyncio.gather(
+        *(agent.run("Research.", session_id=f"local-{n}") for n, agent in enumerate(here))
+    )
+    for worker in workers:
+        _, err = await asyncio.to_thread(worker.communicate, timeout=120)
+        assert worker.returncode == 0, err
+    assert all(r.turns == 12 for r in results)
+    reader = SqliteRuntime(db)
+    for session in ["proc-0", "proc-1", "proc-2", "local-0", "local-1"]:
+        state = await reader.restore(Scope(session))
+        assert state is not None and state.turns == 12, session
+        assert len(await reader.list_checkpoints(Scope(session))) == 4
+    await reader.close()
+    for agent in here:
+        await agent.runtime.close()
+
+
+async def test_wal_mode_and_sqlite_work_off_the_event_loop(tmp_path: Path) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    store = runtime.store
+    thread = await store._call(lambda conn: threading.get_ident())  # type: ignore[attr-defined]
+    assert thread != threading.get_ident()
+    await runtime.close()
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    path.write_text("these are my notes, not a database\n" * 100)
+    runtime = SqliteRuntime(path)
+    with pytest.raises(StoreError, match=r"notes\.txt"):
+        await runtime.list_checkpoints(Scope("s1"))
+    await runtime.close()
+    assert path.read_text().startswith("these are my notes")  # untouched
+
+
+async def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
+    runtime = SqliteRuntime(tmp_path / "nope" / "journal.db")
+    with pytest.raises(StoreError, match="does not exist"):
+        await runtime.list_checkpoints(Scope("s1"))
+    await runtime.close()
+
+
+async def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    await runtime.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE loomflow_meta SET value = '99' WHERE key = 'schema_version'")
+    again = SqliteRuntime(db)
+    with pytest.raises(StoreError, match="newer"):
+        await again.list_checkpoints(Scope("s1"))
+    await again.close()
+
+
+async def test_a_corrupted_row_is_reported_and_nothing_is_lost(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    await Research(passes=2).agent(runtime).run("Research.", session_id="broken")
+    await Research(passes=2).agent(runtime).run("Research.", session_id="fine")
+    await runtime.close()
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE loomflow_events SET payload = '{not json' WHERE session_id = 'broken' "
+            "AND seq = 4"
+        )
+        conn.execute(
+            "UPDATE loomflow_events SET payload = '{\"messages\": 7}' WHERE session_id = 'broken' "
+            "AND seq = 5"
+        )
+        rows_before = set(conn.execute("SELECT session_id, seq, payload FROM loomflow_events"))
+    runtime = SqliteRuntime(db)
+    with pytest.raises(CorruptRecordError, match=r"session 'broken', seq 4"):
+        await runtime.restore(Scope("broken"))
+    with pytest.raises(CorruptRecordError):
+        await Research(passes=2).agent(runtime).resume(session_id="broken")
+    fine = await runtime.restore(Scope("fine"))
+    assert fine is not None and fine.turns == 6
+    assert len(await runtime.list_checkpoints(Scope("broken"))) == 2  # listing still works
+    await runtime.close()
+    with sqlite3.connect(db) as conn:
+        rows_after = set(conn.execute("SELECT session_id, seq, payload FROM loomflow_events"))
+    assert rows_before <= rows_after  # the failed resume only added its own run.started

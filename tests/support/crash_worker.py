@@ -1,0 +1,67 @@
+"""A research agent in its own process, for tests that SIGKILL it or run many at once.
+
+``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N]``: runs the research
+agent on ``SqliteRuntime(DB)``; every model and tool call is appended to LOG as a line
+(``model <assistant messages in request>`` or ``tool <name>:<arg>``) before it runs.
+With ``--hang-at N`` the N-th model call prints ``HANGING`` and never returns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from loomflow import Message, Role
+from loomflow.runtime import SqliteRuntime
+from tests.support.scenario import Research
+
+
+def _log(path: Path, line: str) -> None:
+    with path.open("a") as fh:
+        fh.write(line + "\n")
+        fh.flush()
+
+
+async def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("db")
+    parser.add_argument("session")
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--hang-at", type=int)
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args(argv)
+
+    research = Research(passes=args.passes)
+    agent = research.agent(SqliteRuntime(args.db))
+    calls = 0
+    inner = research.models[-1].inner
+
+    async def on_call(messages: Sequence[Message]) -> None:
+        nonlocal calls
+        calls += 1
+        turn = sum(1 for m in messages if m.role is Role.ASSISTANT)
+        _log(args.log, f"model {turn}")
+        if calls == args.hang_at:
+            print("HANGING", flush=True)
+            await asyncio.Event().wait()
+
+    inner._on_call = on_call
+    for name in ("lookup", "note"):
+        tool = agent.tools[name]
+        original = tool.fn
+
+        def logged(_original=original, _name=name, **kwargs):  # type: ignore[no-untyped-def]
+            _log(args.log, f"tool {_name}:{next(iter(kwargs.values()))}")
+            return _original(**kwargs)
+
+        agent.tools[name] = type(tool)(tool.name, tool.description, logged, tool.arguments)
+    result = await agent.run("Research.", session_id=args.session)
+    print(result.model_dump_json(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(sys.argv[1:])))
