@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+
+from loomflow import Agent, Message, Tuning
+from loomflow.models import AnthropicModel, ScriptedModel
+from loomflow.runtime import InProcRuntime, Scope
+
+
+def boom(x: int) -> int:
+    """Always fails."""
+    raise RuntimeError(f"no {x}")
+
+
+async def test_tool_errors_and_unknown_tools_go_back_to_the_model() -> None:
+    model = ScriptedModel(
+        [
+            ScriptedModel.tool_call("boom", x=1),
+            ScriptedModel.tool_call("missing"),
+            ScriptedModel.tool_call("boom", x="not a number"),
+            "gave up",
+        ]
+    )
+    result = await Agent("x", model=model, tools=[boom]).run("go")
+    tool_messages = [m for request in model.calls for m in request[-1:] if m.role.value == "tool"]
+    assert [m.is_error for m in tool_messages] == [True, True, True]
+    assert "RuntimeError: no 1" in tool_messages[0].content
+    assert "unknown tool 'missing'" in tool_messages[1].content
+    assert "invalid arguments" in tool_messages[2].content
+    assert result.output == "gave up"
+
+
+async def test_max_turns_ends_a_pass_that_keeps_calling_tools() -> None:
+    model = ScriptedModel(lambda messages: ScriptedModel.tool_call("boom", x=1))
+    result = await Agent("x", model=model, tools=[boom], tuning=Tuning(max_turns=3)).run("go")
+    assert result.stop_reason == "max_turns" and result.model_calls == 3
+
+
+async def test_stop_hooks_run_until_none_or_the_limit() -> None:
+    seen: list[int] = []
+
+    async def forever(state):  # type: ignore[no-untyped-def]
+        seen.append(state.passes)
+        return Message.user("again")
+
+    model = ScriptedModel(lambda messages: "ok")
+    runtime = InProcRuntime()
+    tuning = Tuning(
+        checkpoint=True, stop_hooks=[lambda s: None, forever], max_stop_hook_iterations=2
+    )
+    result = await Agent("x", model=model, runtime=runtime, tuning=tuning).run("go", session_id="s")
+    assert result.stop_reason == "stop_hook_limit"
+    assert seen == [1, 2, 3] and result.model_calls == 3
+    assert len(await runtime.list_checkpoints(Scope("s"))) == 3  # one per pass
+
+
+async def test_a_stop_hook_returning_junk_is_a_type_error_and_the_log_records_it() -> None:
+    runtime = InProcRuntime()
+    agent = Agent(
+        "x",
+        model=ScriptedModel(lambda m: "ok"),
+        runtime=runtime,
+        tuning=Tuning(stop_hooks=[lambda s: 42]),
+    )
+    with pytest.raises(TypeError, match="stop hook"):
+        await agent.run("go", session_id="s")
+    events = await runtime.store.read_events(Scope("s"))
+    assert events[-1].type == "run.failed"
+
+
+def test_a_model_name_means_claude_through_the_anthropic_sdk() -> None:
+    agent = Agent("x", model="claude-opus-4-7")
+    assert isinstance(agent.model, AnthropicModel) and agent.model.name == "claude-opus-4-7"
+
+
+def test_bad_configuration_is_refused_early() -> None:
+    with pytest.raises(ValueError):
+        Tuning(max_turns=0)
+    with pytest.raises(ValueError, match="two tools"):
+        Agent("x", model=ScriptedModel([]), tools=[boom, boom])
+    with pytest.raises(TypeError):
+        Agent("x", model=42)  # type: ignore[arg-type]
+
+
+async def test_resume_refuses_unknown_keywords() -> None:
+    agent = Agent("x", model=ScriptedModel(lambda m: "ok"))
+    with pytest.raises(TypeError, match="unexpected"):
+        await agent.resume(session_id="s", colour="blue")

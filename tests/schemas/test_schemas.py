@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from loomflow.errors import (
+    CorruptRecordError,
+    InvalidEventError,
+    InvalidIdError,
+    SerializationError,
+    UnsafeDeserializationError,
+)
+from loomflow.schemas import Message, TurnAppended, Usage, new_id, validate_id
+from loomflow.schemas.codec import (
+    decode_event,
+    decode_value,
+    encode_event,
+    encode_value,
+    input_hash,
+)
+from loomflow.schemas.events import MAX_EVENT_BYTES
+
+
+def test_new_ids_sort_by_creation_time() -> None:
+    ids = [new_id("ckpt") for _ in range(2000)]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert all(i.startswith("ckpt") and len(i) == 30 for i in ids)
+    validate_id(ids[0], "checkpoint id")
+
+
+@pytest.mark.parametrize("bad", ["", " ", "a/b", "x" * 201, None, 7, "-lead"])
+def test_invalid_ids(bad: object) -> None:
+    with pytest.raises(InvalidIdError):
+        validate_id(bad, "session_id")
+
+
+def test_usage_adds_up() -> None:
+    a = Usage(
+        input_tokens=1, cached_input_tokens=2, cache_write_tokens=3, output_tokens=4, cost_usd=0.1
+    )
+    total = a + a
+    assert total == Usage(
+        input_tokens=2, cached_input_tokens=4, cache_write_tokens=6, output_tokens=8, cost_usd=0.2
+    )
+    assert total.total_tokens == 20
+
+
+def _event(**payload: object) -> TurnAppended:
+    return TurnAppended(
+        session_id="s",
+        run_id="r",
+        seq=1,
+        epoch=1,
+        payload={"messages": [Message.user("hi")], **payload},
+    )
+
+
+def test_events_round_trip_as_json() -> None:
+    event = _event()
+    assert decode_event(encode_event(event)) == event
+    assert b'"type":"turn.appended"' in encode_event(event)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{",
+        b'{"type": "nope", "session_id": "s"}',
+        b'{"type": "turn.appended", "session_id": "s", "run_id": "r", "seq": 0, "epoch": 1, '
+        b'"payload": {"messages": []}}',
+        b'{"type": "turn.appended", "session_id": "s", "run_id": "r", "seq": 1, "epoch": 1, '
+        b'"payload": {"messages": [], "surprise": 1}}',
+    ],
+)
+def test_invalid_events_are_refused_with_a_reason(raw: bytes) -> None:
+    with pytest.raises(InvalidEventError) as info:
+        decode_event(raw)
+    assert info.value.reason
+
+
+def test_oversized_events_are_refused_before_parsing() -> None:
+    with pytest.raises(InvalidEventError, match="exceeds"):
+        decode_event(b" " * (MAX_EVENT_BYTES + 1))
+
+
+def test_tagged_json_round_trips_common_types() -> None:
+    value = {
+        "tuple": (1, "a"),
+        "set": {1, 2},
+        "bytes": b"\x00\xff",
+        "when": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+        "day": dt.date(2026, 1, 2),
+        "money": Decimal("1.10"),
+        "id": uuid.UUID(int=5),
+        "nan": float("inf"),
+        "__lf__": "a user key that looks like a tag",
+        "nested": [{"x": (1,)}],
+    }
+    assert decode_value(encode_value(value)) == value
+
+
+def test_tagged_json_refuses_what_it_cannot_hold() -> None:
+    with pytest.raises(SerializationError):
+        encode_value(object())
+    with pytest.raises(SerializationError, match="key"):
+        encode_value({1: "int key"})
+
+
+def test_pickle_is_opt_in_and_never_loaded_from_a_json_store() -> None:
+    stored = encode_value({"a"}, "pickle")
+    assert decode_value(stored, "pickle") == {"a"}
+    with pytest.raises(UnsafeDeserializationError):
+        decode_value(stored, "json")
+
+
+def test_unknown_tags_are_corrupt_records() -> None:
+    with pytest.raises(CorruptRecordError):
+        decode_value({"__lf__": "martian", "v": 1})
+    with pytest.raises(CorruptRecordError):
+        decode_value({"__lf__": "datetime", "v": "not a date"})
+
+
+def test_input_hash_is_stable_and_order_insensitive_for_keys() -> None:
+    assert input_hash({"a": 1, "b": 2}) == input_hash({"b": 2, "a": 1})
+    assert input_hash([1, 2]) != input_hash([2, 1])
