@@ -83,7 +83,7 @@ def test_turns_accumulate_usage_messages_and_model_turns() -> None:
 
 
 def test_checkpoints_record_position_and_apply_retention() -> None:
-    row, mutations = run([started(), turn(2, "a"), ckpt(3, 1)])
+    _, mutations = run([started(), turn(2, "a"), ckpt(3, 1)])
     put = mutations[1]
     assert isinstance(put, PutCheckpoint) and put.row.seq == 3 and put.row.base_seq == 0
     assert mutations[2] == RetainCheckpoints(2)
