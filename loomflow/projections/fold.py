@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any, Literal
 
 from loomflow.errors import (
-    CorruptRecordError,
     InvalidEventError,
     SequenceConflictError,
     SessionErasedError,
@@ -271,24 +270,12 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
     return row, mutations
 
 
-def materialise(parts: Iterable[Event], expected_count: int | None = None) -> list[Message]:
-    """Rebuild a transcript from its transcript events in seq order.
-
-    ``parts`` must start at (or before) the transcript's base. When ``expected_count``
-    is given, a mismatch means the log lost or gained rows: CorruptRecordError.
-    """
+def materialise(parts: Iterable[Event]) -> list[Message]:
+    """Rebuild a transcript from a session's events in seq order (others are skipped)."""
     messages: list[Message] = []
-    last: Event | None = None
     for event in parts:
         if isinstance(event, TurnAppended):
             messages.extend(event.payload.messages)
         elif isinstance(event, SessionForked | TranscriptCompacted):
             messages = list(event.payload.messages)
-        last = event
-    if expected_count is not None and len(messages) != expected_count:
-        where = f"session {last.session_id!r}" if last is not None else "an empty session"
-        raise CorruptRecordError(
-            f"transcript of {where} has {len(messages)} messages where {expected_count} "
-            "were recorded: the store lost or gained rows"
-        )
     return messages

@@ -13,9 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from loomflow.errors import CorruptRecordError, StoreError
 from loomflow.projections.fold import (
+    TRANSCRIPT_TYPES,
     AddTranscript,
     CheckpointRow,
     DeleteCheckpoints,
@@ -27,7 +29,7 @@ from loomflow.projections.fold import (
     SessionRow,
     StepRow,
 )
-from loomflow.schemas import Event, Usage
+from loomflow.schemas import Event, Message, Usage
 from loomflow.schemas.codec import decode_event
 
 __all__ = [
@@ -336,6 +338,44 @@ def read_events(
         params.extend(types)
     rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
     return [decode_event_row(r) for r in rows]
+
+
+class _TranscriptPart(BaseModel):
+    """The part of a transcript event that a transcript read needs: its messages."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    messages: list[Message]
+
+
+_parts = TypeAdapter(list[_TranscriptPart])
+
+
+def read_transcript(
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, lo: int, hi: int
+) -> list[Message]:
+    """Messages of the transcript events with lo <= seq <= hi, validated in one pass.
+
+    ``lo`` must be the transcript's base seq, so concatenation is the whole fold.
+    """
+    rows = conn.execute(
+        "SELECT seq, payload FROM loomflow_events WHERE user_id = ? AND session_id = ? "
+        f"AND seq >= ? AND seq <= ? AND type IN ({','.join('?' * len(TRANSCRIPT_TYPES))}) "
+        "ORDER BY seq",
+        (_uid(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
+    ).fetchall()
+    try:
+        parts = _parts.validate_json("[" + ",".join(row[1] for row in rows) + "]")
+    except ValidationError:
+        for seq, payload in rows:  # find the row to blame
+            try:
+                _TranscriptPart.model_validate_json(payload)
+            except ValidationError as exc:
+                raise CorruptRecordError(
+                    f"log row of session {session_id!r}, seq {seq} does not decode: "
+                    f"{exc.errors()[0]['msg']}"
+                ) from exc
+        raise
+    return [message for part in parts for message in part.messages]
 
 
 def apply(

@@ -6,13 +6,14 @@ import contextvars
 import inspect
 import logging
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, TypeVar, cast
 
-from loomflow.errors import InvalidIdError, SequenceConflictError
-from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, materialise
+from loomflow.errors import CorruptRecordError, InvalidIdError, SequenceConflictError
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -20,8 +21,11 @@ from loomflow.schemas import (
     EventBase,
     Message,
     RunStarted,
+    SessionErased,
     SessionForked,
     StepRecorded,
+    TranscriptCompacted,
+    TurnAppended,
     Usage,
     validate_id,
 )
@@ -38,6 +42,7 @@ __all__ = [
     "Scope",
     "Serializer",
     "SessionWriter",
+    "TranscriptCache",
     "current_journal",
 ]
 
@@ -98,6 +103,64 @@ class RestoredState:
     session: SessionRow
 
 
+@dataclass
+class _CachedTranscript:
+    base_seq: int
+    seq: int
+    messages: list[Message]
+
+
+class TranscriptCache:
+    """Transcripts this process read or wrote lately, so a read need not re-parse the log.
+
+    An entry holds a session's transcript from its base up to ``seq``. Between two bases a
+    transcript only grows, so any checkpoint with the same base is a prefix of it. Entries
+    follow the appends of their own store and are dropped at any gap (another writer).
+    """
+
+    def __init__(self, max_sessions: int = 64) -> None:
+        self._max = max_sessions
+        self._entries: OrderedDict[tuple[str | None, str], _CachedTranscript] = OrderedDict()
+
+    def lookup(self, key: tuple[str | None, str], base_seq: int) -> _CachedTranscript | None:
+        entry = self._entries.get(key)
+        if entry is None or entry.base_seq != base_seq:
+            return None
+        self._entries.move_to_end(key)
+        return entry
+
+    def store(
+        self, key: tuple[str | None, str], base_seq: int, seq: int, messages: list[Message]
+    ) -> None:
+        self._entries[key] = _CachedTranscript(base_seq, seq, messages)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def follow(self, events: Sequence[Event]) -> None:
+        """Keep entries in step with events this store just appended."""
+        for event in events:
+            key = (event.user_id, event.session_id)
+            if isinstance(event, SessionForked | TranscriptCompacted):
+                self.store(key, event.seq, event.seq, list(event.payload.messages))
+                continue
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            if entry.seq != event.seq - 1 or isinstance(event, SessionErased):
+                del self._entries[key]
+                continue
+            if isinstance(event, TurnAppended):
+                entry.messages.extend(event.payload.messages)
+            entry.seq = event.seq
+
+    def forget(self, key: tuple[str | None, str] | None = None) -> None:
+        if key is None:
+            self._entries.clear()
+        else:
+            self._entries.pop(key, None)
+
+
 class EventStore(ABC):
     """A log of events plus the read model folded from it.
 
@@ -123,8 +186,14 @@ class EventStore(ABC):
         """Up to ``limit`` checkpoints, newest first."""
 
     @abstractmethod
-    async def transcript(self, scope: Scope, base_seq: int, upto_seq: int) -> list[Event]:
-        """Transcript events with base_seq <= seq <= upto_seq, in seq order."""
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        """The transcript as of ``upto_seq``, folded from its base at ``base_seq``.
+
+        ``message_count`` is how many messages the read model recorded at ``upto_seq``;
+        a store may use it to serve a prefix of a longer transcript it already holds.
+        """
 
     @abstractmethod
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
@@ -249,9 +318,10 @@ class Runtime:
         if row is None or row.status == "erased":
             return None
         if checkpoint_id is None:
-            parts = await self._store.transcript(scope, row.base_seq, row.last_seq)
             return RestoredState(
-                messages=materialise(parts, row.message_count),
+                messages=await self._transcript(
+                    scope, row.base_seq, row.last_seq, row.message_count
+                ),
                 turns=row.turns,
                 usage=row.usage,
                 seq=row.last_seq,
@@ -261,9 +331,8 @@ class Runtime:
         ckpt = await self._store.checkpoint(scope, checkpoint_id)
         if ckpt is None:
             return None
-        parts = await self._store.transcript(scope, ckpt.base_seq, ckpt.seq)
         return RestoredState(
-            messages=materialise(parts, ckpt.message_count),
+            messages=await self._transcript(scope, ckpt.base_seq, ckpt.seq, ckpt.message_count),
             turns=ckpt.turn,
             usage=ckpt.cumulative_usage,
             seq=ckpt.seq,
@@ -278,16 +347,26 @@ class Runtime:
         ckpt = await self._store.checkpoint(scope, checkpoint_id)
         if ckpt is None:
             return None
-        parts = await self._store.transcript(scope, ckpt.base_seq, ckpt.seq)
         return Checkpoint(
             session_id=scope.session_id,
             checkpoint_id=ckpt.checkpoint_id,
             turn=ckpt.turn,
-            messages=materialise(parts, ckpt.message_count),
+            messages=await self._transcript(scope, ckpt.base_seq, ckpt.seq, ckpt.message_count),
             cumulative_usage=ckpt.cumulative_usage,
             cursor=ckpt.cursor,
             created_at=ckpt.created_at,
         )
+
+    async def _transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, expected: int
+    ) -> list[Message]:
+        messages = await self._store.transcript(scope, base_seq, upto_seq, expected)
+        if len(messages) != expected:
+            raise CorruptRecordError(
+                f"transcript of {scope.describe()} up to seq {upto_seq} has {len(messages)} "
+                f"messages where {expected} were recorded: the store lost or gained rows"
+            )
+        return messages
 
     async def list_checkpoints(self, scope: Scope, limit: int = 50) -> list[CheckpointMeta]:
         """Checkpoint metadata, newest first; never loads messages."""

@@ -9,11 +9,11 @@ from datetime import datetime
 from typing import Any
 
 from loomflow.projections.fold import (
-    TRANSCRIPT_TYPES,
     CheckpointRow,
     SessionRow,
     StepRow,
     fold,
+    materialise,
 )
 from loomflow.projections.memory import MemorySession, apply
 from loomflow.runtime.base import (
@@ -25,7 +25,7 @@ from loomflow.runtime.base import (
     Serializer,
     _check_prune_filters,
 )
-from loomflow.schemas import Event, SessionErased, StepRecorded, new_id
+from loomflow.schemas import Event, Message, SessionErased, StepRecorded, new_id
 from loomflow.schemas.events import SessionErasedPayload
 
 __all__ = ["InProcRuntime", "InProcStore"]
@@ -96,13 +96,13 @@ class InProcStore(EventStore):
         entry = self._entry(scope)
         return list(reversed(entry.model.checkpoints))[:limit] if entry else []
 
-    async def transcript(self, scope: Scope, base_seq: int, upto_seq: int) -> list[Event]:
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
         entry = self._entry(scope)
         if entry is None:
             return []
-        return [
-            e for e in entry.log if base_seq <= e.seq <= upto_seq and e.type in TRANSCRIPT_TYPES
-        ]
+        return materialise(e for e in entry.log if base_seq <= e.seq <= upto_seq)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
         entry = self._entry(scope)

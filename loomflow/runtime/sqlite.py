@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from loomflow.errors import SequenceConflictError, StoreError
 from loomflow.projections import sqlite as sql
-from loomflow.projections.fold import TRANSCRIPT_TYPES, CheckpointRow, SessionRow, StepRow, fold
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
@@ -22,9 +22,10 @@ from loomflow.runtime.base import (
     Runtime,
     Scope,
     Serializer,
+    TranscriptCache,
     _check_prune_filters,
 )
-from loomflow.schemas import Event, SessionErased, new_id
+from loomflow.schemas import Event, Message, SessionErased, new_id
 from loomflow.schemas.events import SessionErasedPayload
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
@@ -47,6 +48,7 @@ class SqliteStore(EventStore):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loomflow-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
+        self._cache = TranscriptCache()
 
     # -- thread plumbing ---------------------------------------------------------------
 
@@ -97,8 +99,15 @@ class SqliteStore(EventStore):
     # -- writes ------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event]) -> None:
-        if events:
+        if not events:
+            return
+        try:
             await self._call(_append, list(events))
+        except BaseException:
+            for event in events:
+                self._cache.forget((event.user_id, event.session_id))
+            raise
+        self._cache.follow(events)
 
     async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
         scope = Scope.of(session_id, user_id)
@@ -129,6 +138,7 @@ class SqliteStore(EventStore):
         user_id: Any = ANY_USER,
     ) -> PruneResult:
         _check_prune_filters(before, session_id, user_id)
+        self._cache.forget()
         return await self._call(_prune, before, session_id, user_id)
 
     # -- reads -------------------------------------------------------------------------
@@ -142,10 +152,30 @@ class SqliteStore(EventStore):
     async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
         return await self._call(sql.list_checkpoints, scope.user_id, scope.session_id, limit)
 
-    async def transcript(self, scope: Scope, base_seq: int, upto_seq: int) -> list[Event]:
-        return await self._call(
-            sql.read_events, scope.user_id, scope.session_id, base_seq, upto_seq, TRANSCRIPT_TYPES
-        )
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        key = (scope.user_id, scope.session_id)
+        cached = self._cache.lookup(key, base_seq)
+        if cached is None:
+            messages = await self._call(
+                sql.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
+            )
+            self._cache.store(key, base_seq, upto_seq, list(messages))
+            return messages
+        if cached.seq < upto_seq:  # another writer went on: read only what it added
+            seq = cached.seq
+            added = await self._call(
+                sql.read_transcript, scope.user_id, scope.session_id, seq + 1, upto_seq
+            )
+            if self._cache.lookup(key, base_seq) is cached and cached.seq == seq:
+                cached.messages.extend(added)
+                cached.seq = upto_seq
+            else:
+                return await self._call(
+                    sql.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
+                )
+        return cached.messages[:message_count]
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
         return await self._call(sql.get_step, scope.user_id, scope.session_id, step_key)

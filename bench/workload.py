@@ -1,0 +1,234 @@
+"""The checkpoint workload and the harness that times one store on it.
+
+Standard library only: the peer runners import this module from a separate venv in which
+our ``loomflow`` is absent (and an unrelated PyPI project of the same name is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: variant -> (sessions, passes per session)
+VARIANTS: dict[str, tuple[int, int]] = {"single": (1, 200), "conc": (50, 40)}
+USER_CHARS, ASSISTANT_CHARS, TOOL_CHARS = 200, 600, 400
+LIST_LIMIT = 50
+#: Latest-checkpoint and list reads per session after the writes; enough samples for a
+#: median in "single", one per session in "conc" (50 sessions already give 50 samples).
+READ_SAMPLES = 10
+LAST_N = 20
+
+SYSTEM_PROMPT = (
+    "You are a careful research assistant. Use the search_docs tool to look things up, "
+    "cite what you find and say so when the documents do not answer the question."
+)
+
+_WORD_TEXT = (
+    "checkpoint session transcript latency tool result query index cache durable log "
+    "event replay resume fork retention writer epoch sequence usage token model agent "
+    "store commit page journal snapshot schema field value record batch window budget "
+    "the a of to and in is for with on that by this from as at be it are was or"
+)
+_WORDS = _WORD_TEXT.split()
+
+
+@dataclass(frozen=True)
+class PassContent:
+    """What pass ``k`` of one session adds; identical for every store."""
+
+    user: str
+    assistant: str
+    call_id: str
+    tool_name: str
+    tool_args: dict[str, Any]
+    tool_result: str
+    input_tokens: int
+    output_tokens: int
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < chars:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)[:chars]
+
+
+def pass_content(session: int, k: int) -> PassContent:
+    # seeded per (session, pass) so every store, in every process, writes the same bytes
+    rng = random.Random(session * 1_000_003 + k)
+    return PassContent(
+        user=_text(rng, USER_CHARS),
+        assistant=_text(rng, ASSISTANT_CHARS),
+        call_id=f"call_{session:03d}_{k:04d}",
+        tool_name="search_docs",
+        tool_args={"query": _text(rng, 40), "limit": 5, "filters": {"lang": "en", "year": 2026}},
+        tool_result=_text(rng, TOOL_CHARS),
+        input_tokens=1_000 + 300 * k,
+        output_tokens=150 + rng.randrange(100),
+    )
+
+
+class Adapter(ABC):
+    """One store under test. A handle is the adapter's own per-session state."""
+
+    #: newest checkpoints the store keeps per session; < 1 keeps all
+    retain: int = 0
+    #: files whose size is the store's disk footprint, read after close
+    files: Sequence[Path] = ()
+
+    async def open(self) -> None:  # noqa: B027 - most stores need no async setup
+        pass
+
+    @abstractmethod
+    async def seed(self, index: int) -> Any:
+        """Start session ``index`` with the system message; return its handle."""
+
+    @abstractmethod
+    def add(self, handle: Any, k: int, content: PassContent) -> Any:
+        """Build pass ``k``'s messages and usage in the store's own types (not timed)."""
+
+    @abstractmethod
+    async def put(self, handle: Any, k: int, new: Any) -> None:
+        """Write what the store writes for one pass, ending with one checkpoint (timed)."""
+
+    @abstractmethod
+    async def get_latest(self, handle: Any) -> tuple[list[Any], int]:
+        """The latest checkpoint's full transcript and its turn."""
+
+    @abstractmethod
+    async def list50(self, handle: Any) -> int:
+        """How many checkpoints a newest-first listing of up to 50 returned."""
+
+    @abstractmethod
+    def written(self, handle: Any) -> list[Any]:
+        """Every message written to the session so far, seed included."""
+
+    @abstractmethod
+    def transcript_json_bytes(self, messages: list[Any]) -> int:
+        """Size of the transcript as compact JSON in the store's message model."""
+
+    async def close(self) -> None:  # noqa: B027
+        pass
+
+    def reopen(self) -> Adapter | None:
+        """A fresh instance on the same files, as a restarted process would open them."""
+        return None
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between closest ranks (``q`` in 0..100)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
+    sessions, passes = VARIANTS[variant]
+    await adapter.open()
+    handles = [await adapter.seed(i) for i in range(sessions)]
+    puts: list[tuple[int, float]] = []
+
+    async def drive(index: int, handle: Any) -> None:
+        for k in range(1, passes + 1):
+            new = adapter.add(handle, k, pass_content(index, k))
+            t0 = time.perf_counter_ns()
+            await adapter.put(handle, k, new)
+            puts.append((k, (time.perf_counter_ns() - t0) / 1e6))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(drive(i, h) for i, h in enumerate(handles)))
+    wall = time.perf_counter() - started
+
+    reads = max(1, READ_SAMPLES // sessions)
+    expected_listed = min(LIST_LIMIT, passes if adapter.retain < 1 else min(adapter.retain, passes))
+    gets: list[float] = []
+    lists: list[float] = []
+    problems: list[str] = []
+    for index, handle in enumerate(handles):
+        for r in range(reads):
+            t0 = time.perf_counter_ns()
+            messages, turn = await adapter.get_latest(handle)
+            gets.append((time.perf_counter_ns() - t0) / 1e6)
+            if r == 0 and (turn != passes or messages != adapter.written(handle)):
+                problems.append(
+                    f"session {index}: latest checkpoint has turn {turn} and "
+                    f"{len(messages)} messages, wrote {passes} / {len(adapter.written(handle))}"
+                )
+        for r in range(reads):
+            t0 = time.perf_counter_ns()
+            listed = await adapter.list50(handle)
+            lists.append((time.perf_counter_ns() - t0) / 1e6)
+            if r == 0 and listed != expected_listed:
+                problems.append(f"session {index}: listed {listed}, expected {expected_listed}")
+
+    transcript_bytes = adapter.transcript_json_bytes(adapter.written(handles[0]))
+    await adapter.close()
+    disk = sum(p.stat().st_size for p in adapter.files if p.exists()) if adapter.files else None
+
+    # a resume after a restart reads with nothing in memory: time that first read too
+    cold_gets: list[float] = []
+    cold = adapter.reopen()
+    if cold is not None:
+        await cold.open()
+        for handle in handles[:READ_SAMPLES]:
+            await cold.list50(handle)  # opens the connection; reads no transcript
+            t0 = time.perf_counter_ns()
+            messages, _ = await cold.get_latest(handle)
+            cold_gets.append((time.perf_counter_ns() - t0) / 1e6)
+            if messages != adapter.written(handle):
+                problems.append("a reopened store returned a different transcript")
+        await cold.close()
+    put_ms = [ms for _, ms in puts]
+    return {
+        "put_p50": percentile(put_ms, 50),
+        "put_p99": percentile(put_ms, 99),
+        "get_p50": percentile(gets, 50),
+        "cold_get_p50": percentile(cold_gets, 50) if cold_gets else None,
+        "list_p50": percentile(lists, 50),
+        "wall_s": wall,
+        "ckpt_per_s": len(puts) / wall,
+        "disk_mb": None if disk is None else disk / 1e6,
+        "ok": not problems,
+        "problems": problems[:3],
+        "last20_put_p50": percentile([ms for k, ms in puts if k > passes - LAST_N], 50),
+        "transcript_bytes": transcript_bytes,
+        "checkpoints": len(puts),
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+def child_main(make: Callable[[str, Path], Adapter], extra: Callable[[], dict[str, Any]]) -> None:
+    """Entry point of one measurement process: print exactly one JSON line on stdout."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--store", required=True)
+    parser.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    args = parser.parse_args()
+    result: dict[str, Any] = {"store": args.store, "variant": args.variant}
+    try:
+        with tempfile.TemporaryDirectory(prefix="lf-bench-") as tmp:
+            adapter = make(args.store, Path(tmp))
+            result.update(asyncio.run(measure(adapter, args.variant)))
+        result.update(extra())
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)
+        result["error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(result), flush=True)
