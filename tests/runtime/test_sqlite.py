@@ -158,3 +158,31 @@ async def test_a_corrupted_row_is_reported_and_nothing_is_lost(tmp_path: Path) -
     with sqlite3.connect(db) as conn:
         rows_after = set(conn.execute("SELECT session_id, seq, payload FROM loomflow_events"))
     assert rows_before <= rows_after  # the failed resume only added its own run.started
+
+
+async def test_a_reader_sees_what_another_writer_added_after_it_read(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    reader, writer = SqliteRuntime(db), SqliteRuntime(db)
+    await Research(passes=1).agent(writer).run("Research.", session_id="s1")
+    first = await reader.get_checkpoint(Scope("s1"))  # the reader now holds the transcript
+    assert first is not None and first.turn == 3
+
+    follow = Research(passes=2).agent(writer)
+    await follow.resume(session_id="s1")
+    latest = await reader.get_checkpoint(Scope("s1"))
+    assert latest is not None and latest.turn == 6
+    fresh = SqliteRuntime(db)
+    from_disk = await fresh.restore(Scope("s1"))
+    await fresh.close()
+    assert from_disk is not None and latest.messages == from_disk.messages
+    older = await reader.get_checkpoint(Scope("s1"), first.checkpoint_id)
+    assert older == first
+
+    # another writer compacts: the transcript gets a new base, and the reader follows it
+    compacting = Research(passes=3).agent(writer, auto_compact_at_tokens=1, compact_keep_messages=2)
+    await compacting.resume(session_id="s1")
+    compacted = await reader.get_checkpoint(Scope("s1"))
+    assert compacted is not None
+    assert compacted.messages[1].content.startswith("Summary of the earlier conversation")
+    for runtime in (reader, writer):
+        await runtime.close()
