@@ -62,6 +62,14 @@ def _resolve_model(model: Model | str) -> Model:
     return model
 
 
+def _check_prompt(prompt: object) -> str:
+    if not isinstance(prompt, str):
+        raise TypeError(f"prompt must be a string, not {type(prompt).__name__}")
+    if not prompt.strip():
+        raise ValueError("prompt is empty; pass prompt=None to resume() for the continuation nudge")
+    return prompt
+
+
 class Agent:
     """An agent whose runs are journaled by its runtime and can be resumed or forked."""
 
@@ -101,8 +109,7 @@ class Agent:
         conversation is rebuilt from the log first: recorded model and tool calls are
         restored, never executed again.
         """
-        if not isinstance(prompt, str):
-            raise TypeError("prompt must be a string")
+        _check_prompt(prompt)
         scope = Scope.of(new_id("sess") if session_id is None else session_id, user_id)
         writer = await self.runtime.open_session(
             scope, run_id=new_id("run"), mode="run", metadata=metadata
@@ -126,18 +133,12 @@ class Agent:
         session. Without any checkpoint this falls back to ``run`` on the same session.
         """
         scope = Scope.of(session_id, user_id)
-        if prompt is not None and not isinstance(prompt, str):
-            raise TypeError("prompt must be a string or None")
+        text = self.tuning.continuation_prompt if prompt is None else _check_prompt(prompt)
         metadata = run_kwargs.pop("metadata", None)
         if run_kwargs:
             raise TypeError(f"resume() got unexpected keyword arguments {sorted(run_kwargs)}")
         if not self.runtime.supports_checkpoints:
-            return await self.run(
-                prompt or self.tuning.continuation_prompt,
-                session_id=session_id,
-                user_id=user_id,
-                metadata=metadata,
-            )
+            return await self.run(text, session_id=session_id, user_id=user_id, metadata=metadata)
         if not isinstance(from_checkpoint, str):
             raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
         latest = await self.runtime.store.checkpoint(scope, None)
@@ -150,15 +151,10 @@ class Agent:
                     "agent.list_checkpoints(session_id, user_id=...)"
                 )
             if latest is not None and target.checkpoint_id != latest.checkpoint_id:
-                return await self._fork(scope, target.checkpoint_id, prompt, metadata)
+                return await self._fork(scope, target.checkpoint_id, text, metadata)
         if latest is None:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
-            return await self.run(
-                prompt or self.tuning.continuation_prompt,
-                session_id=session_id,
-                user_id=user_id,
-                metadata=metadata,
-            )
+            return await self.run(text, session_id=session_id, user_id=user_id, metadata=metadata)
         writer = await self.runtime.open_session(
             scope,
             run_id=new_id("run"),
@@ -167,10 +163,10 @@ class Agent:
             metadata=metadata,
         )
         restored = await self.runtime.restore(scope)
-        return await _Run(self, writer, restored).drive(prompt or self.tuning.continuation_prompt)
+        return await _Run(self, writer, restored).drive(text)
 
     async def _fork(
-        self, parent: Scope, checkpoint_id: str, prompt: str | None, metadata: dict[str, Any] | None
+        self, parent: Scope, checkpoint_id: str, prompt: str, metadata: dict[str, Any] | None
     ) -> RunResult:
         state = await self.runtime.restore(parent, checkpoint_id)
         if state is None:  # pruned between the lookup and now
@@ -193,7 +189,7 @@ class Agent:
             ),
         )
         restored = await self.runtime.restore(child)
-        return await _Run(self, writer, restored).drive(prompt or self.tuning.continuation_prompt)
+        return await _Run(self, writer, restored).drive(prompt)
 
     async def list_checkpoints(
         self, session_id: str, limit: int = 50, *, user_id: str | None = None

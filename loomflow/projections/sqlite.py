@@ -7,6 +7,7 @@ log table in the same file already holds every turn's messages.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -42,6 +43,8 @@ __all__ = [
     "save_session",
     "ts",
 ]
+
+logger = logging.getLogger("loomflow.projections.sqlite")
 
 SCHEMA_VERSION = 1
 
@@ -321,23 +324,22 @@ def get_step(
 
 
 def read_events(
-    conn: sqlite3.Connection,
-    user_id: str | None,
-    session_id: str,
-    lo: int,
-    hi: int,
-    types: Sequence[str] | None = None,
+    conn: sqlite3.Connection, user_id: str | None, session_id: str, lo: int, hi: int
 ) -> list[Event]:
-    sql = (
+    """The session's events with lo <= seq <= hi; a row that does not decode is skipped
+    with a warning, so one bad row never stops a reader of the log."""
+    rows = conn.execute(
         f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE user_id = ? AND session_id = ? "
-        "AND seq >= ? AND seq <= ?"
-    )
-    params: list[Any] = [_uid(user_id), session_id, lo, hi]
-    if types:
-        sql += f" AND type IN ({','.join('?' * len(types))})"
-        params.extend(types)
-    rows = conn.execute(sql + " ORDER BY seq", params).fetchall()
-    return [decode_event_row(r) for r in rows]
+        "AND seq >= ? AND seq <= ? ORDER BY seq",
+        (_uid(user_id), session_id, lo, hi),
+    ).fetchall()
+    events: list[Event] = []
+    for row in rows:
+        try:
+            events.append(decode_event_row(row))
+        except CorruptRecordError as exc:
+            logger.warning("skipping a log row: %s", exc)
+    return events
 
 
 class _TranscriptPart(BaseModel):

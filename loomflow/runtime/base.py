@@ -146,6 +146,9 @@ class TranscriptCache:
                 continue
             entry = self._entries.get(key)
             if entry is None:
+                if event.seq == 1:  # a session this store starts: its writer will read it
+                    first = list(event.payload.messages) if isinstance(event, TurnAppended) else []
+                    self.store(key, 0, 1, first)
                 continue
             if entry.seq != event.seq - 1 or isinstance(event, SessionErased):
                 del self._entries[key]

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loomflow.errors import SequenceConflictError, StoreError
+from loomflow.errors import LoomflowError, SequenceConflictError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
 from loomflow.runtime.base import (
@@ -37,9 +37,12 @@ class SqliteStore(EventStore):
     """A SQLite file holding the log and its read model.
 
     All SQLite work runs on one thread owned by this store, so the event loop never
-    blocks on disk. Several stores (in one process or several) may share a file: WAL
-    lets readers run beside the one writer, and each append is a ``BEGIN IMMEDIATE``
-    transaction that waits its turn (``busy_timeout``).
+    blocks on disk. Appends that arrive while the thread is busy are committed together
+    in one transaction (each in its own savepoint, so a refused append fails alone):
+    many concurrent sessions cost one commit per round instead of one each. Several
+    stores (in one process or several) may share a file: WAL lets readers run beside
+    the one writer, and each commit is a ``BEGIN IMMEDIATE`` transaction that waits its
+    turn (``busy_timeout``).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 30_000) -> None:
@@ -49,6 +52,8 @@ class SqliteStore(EventStore):
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._cache = TranscriptCache()
+        self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
+        self._drainer: asyncio.Task[None] | None = None
 
     # -- thread plumbing ---------------------------------------------------------------
 
@@ -93,7 +98,7 @@ class SqliteStore(EventStore):
 
     def _close_conn(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            self._conn.close()  # the last connection to close checkpoints and removes the WAL
             self._conn = None
 
     # -- writes ------------------------------------------------------------------------
@@ -101,13 +106,46 @@ class SqliteStore(EventStore):
     async def append(self, events: Sequence[Event]) -> None:
         if not events:
             return
-        try:
-            await self._call(_append, list(events))
-        except BaseException:
-            for event in events:
-                self._cache.forget((event.user_id, event.session_id))
-            raise
-        self._cache.follow(events)
+        if self._closed:
+            raise StoreError(f"the SQLite store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._pending.append((list(events), done))
+        if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
+            self._drainer = loop.create_task(self._drain())
+        await done
+
+    async def _drain(self) -> None:
+        """Commit everything queued, one transaction per round, until the queue is empty."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                outcomes = await self._call(_append_batches, [events for events, _ in batch])
+            except BaseException as exc:
+                for events, done in batch:
+                    self._forget(events)
+                    if done.done():
+                        continue
+                    if isinstance(exc, asyncio.CancelledError):
+                        done.cancel()
+                    else:
+                        done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (events, done), outcome in zip(batch, outcomes, strict=True):
+                if outcome is None:
+                    self._cache.follow(events)
+                    if not done.done():
+                        done.set_result(None)
+                else:
+                    self._forget(events)
+                    if not done.done():
+                        done.set_exception(outcome)
+
+    def _forget(self, events: list[Event]) -> None:
+        for event in events:
+            self._cache.forget((event.user_id, event.session_id))
 
     async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
         scope = Scope.of(session_id, user_id)
@@ -186,35 +224,53 @@ class SqliteStore(EventStore):
         )
 
 
-def _append(conn: sqlite3.Connection, events: list[Event]) -> None:
+def _append_batches(
+    conn: sqlite3.Connection, batches: list[list[Event]]
+) -> list[LoomflowError | None]:
+    """Apply each batch in its own savepoint of one transaction; return each outcome."""
+    outcomes: list[LoomflowError | None] = []
     conn.execute("BEGIN IMMEDIATE")
     try:
-        rows: dict[tuple[str | None, str], SessionRow | None] = {}
-        for event in events:
-            key = (event.user_id, event.session_id)
-            if key not in rows:
-                rows[key] = sql.load_session(conn, *key)
-            current = rows[key]
-            if current is not None and event.seq <= current.last_seq:
-                stored = conn.execute(
-                    "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? "
-                    "AND seq = ?",
-                    ("" if key[0] is None else key[0], key[1], event.seq),
-                ).fetchone()
-                if stored is not None and stored[0] == event.event_id:
-                    continue  # a retried append of an event already stored
-            folded, mutations = fold(current, event)
-            for mutation in mutations:
-                sql.apply(conn, event.user_id, event.session_id, mutation)
-            sql.insert_event(conn, event)
-            rows[key] = folded
-        for row in rows.values():
-            if row is not None:
-                sql.save_session(conn, row)
+        for events in batches:
+            conn.execute("SAVEPOINT batch")
+            try:
+                _apply_events(conn, events)
+            except LoomflowError as exc:  # refused by the fold: only this batch fails
+                conn.execute("ROLLBACK TO batch")
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+            conn.execute("RELEASE batch")
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+    return outcomes
+
+
+def _apply_events(conn: sqlite3.Connection, events: list[Event]) -> None:
+    rows: dict[tuple[str | None, str], SessionRow | None] = {}
+    for event in events:
+        key = (event.user_id, event.session_id)
+        if key not in rows:
+            rows[key] = sql.load_session(conn, *key)
+        current = rows[key]
+        if current is not None and event.seq <= current.last_seq:
+            stored = conn.execute(
+                "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? "
+                "AND seq = ?",
+                ("" if key[0] is None else key[0], key[1], event.seq),
+            ).fetchone()
+            if stored is not None and stored[0] == event.event_id:
+                continue  # a retried append of an event already stored
+        folded, mutations = fold(current, event)
+        for mutation in mutations:
+            sql.apply(conn, event.user_id, event.session_id, mutation)
+        sql.insert_event(conn, event)
+        rows[key] = folded
+    for row in rows.values():
+        if row is not None:
+            sql.save_session(conn, row)
 
 
 def _prune(

@@ -86,3 +86,15 @@ async def test_resume_refuses_unknown_keywords() -> None:
     agent = Agent("x", model=ScriptedModel(lambda m: "ok"))
     with pytest.raises(TypeError, match="unexpected"):
         await agent.resume(session_id="s", colour="blue")
+
+
+async def test_empty_prompts_are_refused_before_anything_is_written() -> None:
+    runtime = InProcRuntime()
+    agent = Agent("x", model=ScriptedModel(lambda m: "ok"), runtime=runtime)
+    with pytest.raises(ValueError, match="empty"):
+        await agent.run("  ", session_id="s")
+    with pytest.raises(ValueError, match="empty"):
+        await agent.resume("", session_id="s")
+    with pytest.raises(TypeError):
+        await agent.run(None, session_id="s")  # type: ignore[arg-type]
+    assert await runtime.store.session(Scope("s")) is None

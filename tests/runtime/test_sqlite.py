@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sqlite3
@@ -14,8 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from loomflow.errors import CorruptRecordError, StoreError
-from loomflow.runtime import Scope, SqliteRuntime
+from loomflow import Message
+from loomflow.errors import CorruptRecordError, SequenceConflictError, StoreError
+from loomflow.runtime import Scope, SessionWriter, SqliteRuntime
+from loomflow.schemas import TurnAppended, new_id
+from loomflow.schemas.events import TurnAppendedPayload
 from tests.support.scenario import Research
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +134,9 @@ async def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:
     await again.close()
 
 
-async def test_a_corrupted_row_is_reported_and_nothing_is_lost(tmp_path: Path) -> None:
+async def test_a_corrupted_row_is_reported_and_nothing_is_lost(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     db = tmp_path / "journal.db"
     runtime = SqliteRuntime(db)
     await Research(passes=2).agent(runtime).run("Research.", session_id="broken")
@@ -154,6 +160,12 @@ async def test_a_corrupted_row_is_reported_and_nothing_is_lost(tmp_path: Path) -
     fine = await runtime.restore(Scope("fine"))
     assert fine is not None and fine.turns == 6
     assert len(await runtime.list_checkpoints(Scope("broken"))) == 2  # listing still works
+    with caplog.at_level(logging.WARNING, logger="loomflow"):
+        events = await runtime.store.read_events(Scope("broken"))
+    assert 4 not in {e.seq for e in events} and 5 not in {e.seq for e in events}
+    broken_rows = sum(1 for row in rows_before if row[0] == "broken")
+    assert len(events) == broken_rows + 1 - 2  # the failed resume's run.started; not the bad two
+    assert sum("skipping a log row" in r.getMessage() for r in caplog.records) == 2
     await runtime.close()
     with sqlite3.connect(db) as conn:
         rows_after = set(conn.execute("SELECT session_id, seq, payload FROM loomflow_events"))
@@ -186,3 +198,27 @@ async def test_a_reader_sees_what_another_writer_added_after_it_read(tmp_path: P
     assert compacted.messages[1].content.startswith("Summary of the earlier conversation")
     for runtime in (reader, writer):
         await runtime.close()
+
+
+async def test_concurrent_appends_commit_together_and_a_refused_one_fails_alone(
+    tmp_path: Path,
+) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    writers = [await runtime.open_session(Scope(f"s{n}"), run_id=new_id("run")) for n in range(20)]
+    bad = writers[0].make(TurnAppended, TurnAppendedPayload(messages=[Message.user("x")]), offset=5)
+
+    async def write(writer: SessionWriter) -> None:
+        for k in range(5):
+            await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user(f"{k}")]))
+
+    outcomes = await asyncio.gather(
+        *(write(w) for w in writers), runtime.store.append([bad]), return_exceptions=True
+    )
+    assert all(o is None for o in outcomes[:-1])
+    assert isinstance(outcomes[-1], SequenceConflictError)
+    for n in range(20):
+        state = await runtime.restore(Scope(f"s{n}"))
+        assert state is not None and [m.content for m in state.messages] == list("01234")
+    await runtime.close()
+    with pytest.raises(StoreError, match="closed"):
+        await runtime.store.append([bad])
