@@ -27,10 +27,16 @@ from loomflow.schemas import (
     TranscriptCompacted,
     TurnAppended,
     Usage,
+    new_id,
     validate_id,
 )
 from loomflow.schemas.codec import decode_value, encode_value, input_hash
-from loomflow.schemas.events import RunStartedPayload, SessionForkedPayload, StepRecordedPayload
+from loomflow.schemas.events import (
+    RunStartedPayload,
+    SessionErasedPayload,
+    SessionForkedPayload,
+    StepRecordedPayload,
+)
 
 __all__ = [
     "ANY_USER",
@@ -221,9 +227,27 @@ class EventStore(ABC):
         steps recorded before ``before`` are. At least one filter is required.
         """
 
-    @abstractmethod
     async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
         """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
+        scope = Scope.of(session_id, user_id)
+        for _ in range(8):
+            row = await self.session(scope)
+            if row is None or row.status == "erased":
+                return False
+            tombstone = SessionErased(
+                user_id=scope.user_id,
+                session_id=scope.session_id,
+                run_id=new_id("run"),
+                seq=row.last_seq + 1,
+                epoch=row.epoch,  # erasure fences the current writer without a new epoch
+                payload=SessionErasedPayload(reason="erase requested"),
+            )
+            try:
+                await self.append([tombstone])
+            except SequenceConflictError:
+                continue  # a writer appended meanwhile: erase what it wrote too
+            return True
+        raise SequenceConflictError(f"could not erase {scope.describe()}: it keeps changing")
 
     async def close(self) -> None:  # noqa: B027 - stores without resources need not close
         """Release connections and threads."""

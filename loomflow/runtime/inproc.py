@@ -25,8 +25,7 @@ from loomflow.runtime.base import (
     Serializer,
     _check_prune_filters,
 )
-from loomflow.schemas import Event, Message, SessionErased, StepRecorded, new_id
-from loomflow.schemas.events import SessionErasedPayload
+from loomflow.schemas import Event, Message, SessionErased, StepRecorded
 
 __all__ = ["InProcRuntime", "InProcStore"]
 
@@ -147,25 +146,6 @@ class InProcStore(EventStore):
                 events += len(entry.log) - len(kept)
                 entry.log = kept
         return PruneResult(sessions, checkpoints, steps, events)
-
-    async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
-        scope = Scope.of(session_id, user_id)
-        row = await self.session(scope)
-        if row is None or row.status == "erased":
-            return False
-        await self.append(
-            [
-                SessionErased(
-                    user_id=scope.user_id,
-                    session_id=scope.session_id,
-                    run_id=new_id("run"),
-                    seq=row.last_seq + 1,
-                    epoch=row.epoch,
-                    payload=SessionErasedPayload(reason="erase requested"),
-                )
-            ]
-        )
-        return True
 
 
 def _at_seq(log: list[Event], seq: int) -> Event | None:

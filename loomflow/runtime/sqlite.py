@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loomflow.errors import LoomflowError, SequenceConflictError, StoreError
+from loomflow.errors import LoomflowError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
 from loomflow.runtime.base import (
@@ -25,8 +25,7 @@ from loomflow.runtime.base import (
     TranscriptCache,
     _check_prune_filters,
 )
-from loomflow.schemas import Event, Message, SessionErased, new_id
-from loomflow.schemas.events import SessionErasedPayload
+from loomflow.schemas import Event, Message
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
 
@@ -146,27 +145,6 @@ class SqliteStore(EventStore):
     def _forget(self, events: list[Event]) -> None:
         for event in events:
             self._cache.forget((event.user_id, event.session_id))
-
-    async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
-        scope = Scope.of(session_id, user_id)
-        for _ in range(8):
-            row = await self.session(scope)
-            if row is None or row.status == "erased":
-                return False
-            tombstone = SessionErased(
-                user_id=scope.user_id,
-                session_id=scope.session_id,
-                run_id=new_id("run"),
-                seq=row.last_seq + 1,
-                epoch=row.epoch,
-                payload=SessionErasedPayload(reason="erase requested"),
-            )
-            try:
-                await self.append([tombstone])
-                return True
-            except SequenceConflictError:
-                continue
-        raise SequenceConflictError(f"could not erase {scope.describe()}: it keeps changing")
 
     async def prune(
         self,
