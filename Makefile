@@ -16,7 +16,7 @@ demo: $(STAMP)
 	$(VENV)/bin/loomflow demo
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	dev/test.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -34,7 +34,7 @@ from bench.workload import SYSTEM_PROMPT, VARIANTS, Adapter, PassContent, child_
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / ".cache" / "bench-peers"
 PEER_RUNNER = REPO / "bench" / "peer_runner.py"
-OUR_STORES = ("lf-inproc", "lf-sqlite", "lf-sqlite-keepall")
+OUR_STORES = ("lf-inproc", "lf-sqlite", "lf-sqlite-keepall", "lf-pg", "lf-pg-keepall")
 #: peer store -> the pip requirements it needs in the peers venv
 PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "lg-sqlite": ("langgraph-checkpoint-sqlite==3.1.2", "aiosqlite"),
@@ -63,22 +63,35 @@ class LoomflowAdapter(Adapter):
     transcript from the log, which is what a resume reads.
     """
 
-    def __init__(self, store: str, tmp: Path) -> None:
-        from loomflow.runtime import InProcRuntime, SqliteRuntime
+    def __init__(self, store: str, tmp: Path, schema: str | None = None) -> None:
+        from loomflow.runtime import InProcRuntime, PostgresRuntime, SqliteRuntime
 
         path = tmp / "lf.db"
         self.store_name, self.tmp = store, tmp
+        # PostgreSQL: a fresh schema per run; the reopened (cold) instance drops it at close
+        self.schema = schema or f"lf_bench_{os.getpid()}_{time.time_ns() % 10**9}"
+        self.drops_schema = schema is not None
         if store == "lf-inproc":
             self.runtime: Any = InProcRuntime()
         elif store == "lf-sqlite":
             self.runtime = SqliteRuntime(path)
         elif store == "lf-sqlite-keepall":
             self.runtime = SqliteRuntime(path, max_checkpoints_per_session=0)
+        elif store in ("lf-pg", "lf-pg-keepall"):
+            self.runtime = PostgresRuntime(
+                _postgres_dsn(),
+                schema=self.schema,
+                max_checkpoints_per_session=0 if store == "lf-pg-keepall" else 20,
+            )
         else:
             raise ValueError(f"unknown store {store!r}")
         self.retain = self.runtime.max_checkpoints_per_session
-        if store != "lf-inproc":
+        if store.startswith("lf-sqlite"):
             self.files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+
+    async def open(self) -> None:
+        if self.store_name.startswith("lf-pg"):
+            await self.runtime.store.open()  # connect and migrate before anything is timed
 
     async def seed(self, index: int) -> _Session:
         from loomflow.runtime import Scope
@@ -143,9 +156,29 @@ class LoomflowAdapter(Adapter):
 
     async def close(self) -> None:
         await self.runtime.close()
+        if self.store_name.startswith("lf-pg") and self.drops_schema:
+            import asyncpg
+
+            conn = await asyncpg.connect(_postgres_dsn())
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
+            finally:
+                await conn.close()
 
     def reopen(self) -> Adapter | None:
-        return None if self.store_name == "lf-inproc" else type(self)(self.store_name, self.tmp)
+        if self.store_name == "lf-inproc":
+            return None
+        return type(self)(self.store_name, self.tmp, self.schema)
+
+
+def _postgres_dsn() -> str:
+    dsn = os.environ.get("LOOMFLOW_POSTGRES_DSN")
+    if not dsn:
+        raise RuntimeError(
+            "lf-pg needs LOOMFLOW_POSTGRES_DSN: run `dev/postgres.sh start` and export "
+            "what it prints"
+        )
+    return dsn
 
 
 def _our_versions() -> dict[str, Any]:

@@ -7,7 +7,7 @@ from loomflow.errors import (
     LoomflowError,
     SerializationError,
 )
-from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
+from loomflow.runtime import InProcRuntime, PostgresRuntime, SqliteRuntime, current_journal
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -28,6 +28,7 @@ __all__ = [
     "InvalidIdError",
     "LoomflowError",
     "Message",
+    "PostgresRuntime",
     "Role",
     "RunResult",
     "SerializationError",

@@ -27,7 +27,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="loomflow", description="Durable agent runs: crash, resume, fork."
     )
     # The metavar lists only public commands, so the worker stays out of --help.
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,processor}")
     demo = commands.add_parser(
         "demo",
         help="kill an agent run with SIGKILL, resume it, then fork it",
@@ -55,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="Claude model used when ANTHROPIC_API_KEY is set (default: %(default)s)",
     )
+    processor = commands.add_parser(
+        "processor",
+        help="project the Kafka log into PostgreSQL (a faust-streaming worker)",
+        description="Consume loomflow.events, fold it into the PostgreSQL read model, publish "
+        "snapshots, dead-letter bad events. Reads LOOMFLOW_KAFKA_BOOTSTRAP, "
+        "LOOMFLOW_POSTGRES_DSN, LOOMFLOW_SCHEMA and LOOMFLOW_TOPIC_PREFIX.",
+    )
+    processor.add_argument("--loglevel", default="info", help="(default: %(default)s)")
     worker = commands.add_parser(WORKER_COMMAND)
     worker.add_argument("--db", type=Path, required=True)
     worker.add_argument("--session-id", required=True)
@@ -63,11 +71,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _run_processor(loglevel: str) -> int:
+    from loomflow.processors.app import app
+
+    # faust's worker reads its own command line; no web server, whatever faust defaults to
+    sys.argv = ["loomflow processor", "worker", "--without-web", "--loglevel", loglevel]
+    app.main()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return run_demo(args.db, args.kill_after_turns, args.model)
+    if args.command == "processor":
+        return _run_processor(args.loglevel)
     return run_worker(args.db, args.session_id, args.backend, args.model)
 
 

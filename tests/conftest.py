@@ -11,5 +11,7 @@ from tests.support.backends import BACKENDS, Backend
 @pytest.fixture(params=sorted(BACKENDS))
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     made = BACKENDS[request.param](tmp_path)
+    if made.setup is not None:
+        await made.setup()
     yield made
     await made.close()

@@ -1,5 +1,5 @@
-"""The faust-streaming processor that projects Kafka events into PostgreSQL.
+"""The processor that projects the Kafka log into PostgreSQL, plus analytics agents."""
 
-Not built yet: the embedded runtimes apply the same fold in their own transaction.
-See issue 3.
-"""
+from loomflow.processors.projector import DeadLetter, Projector
+
+__all__ = ["DeadLetter", "Projector"]

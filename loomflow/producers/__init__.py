@@ -1,4 +1,6 @@
-"""Writing events to Apache Kafka (the KafkaRuntime's producer and topic admin).
+"""Writing events to Apache Kafka: the producer and the topic admin."""
 
-Not built yet: the embedded runtimes append to their own log. See issue 3.
-"""
+from loomflow.producers.kafka import EventProducer, Position
+from loomflow.producers.topics import Topics, ensure_topics, scope_key
+
+__all__ = ["EventProducer", "Position", "Topics", "ensure_topics", "scope_key"]

@@ -12,6 +12,7 @@ from loomflow.runtime.base import (
     current_journal,
 )
 from loomflow.runtime.inproc import InProcRuntime, InProcStore
+from loomflow.runtime.postgres import PostgresRuntime, PostgresStore
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
 
 __all__ = [
@@ -20,6 +21,8 @@ __all__ = [
     "InProcRuntime",
     "InProcStore",
     "Journal",
+    "PostgresRuntime",
+    "PostgresStore",
     "PruneResult",
     "RestoredState",
     "Runtime",

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from loomflow.runtime import InProcRuntime, Runtime, SqliteRuntime
+import asyncpg
+from aiokafka.admin import AIOKafkaAdminClient
+
+from loomflow.processors import Projector
+from loomflow.producers import Topics, ensure_topics
+from loomflow.runtime import InProcRuntime, PostgresRuntime, Runtime, SqliteRuntime
+from loomflow.runtime.kafka import KafkaRuntime
+from tests.support.services import kafka_bootstrap, postgres_dsn
 
 
 @dataclass
@@ -17,6 +26,8 @@ class Backend:
     name: str
     opener: Callable[..., Runtime]
     opened: list[Runtime] = field(default_factory=list)
+    cleanup: Callable[[], Awaitable[None]] | None = None
+    setup: Callable[[], Awaitable[None]] | None = None
 
     def runtime(self, **kwargs: Any) -> Runtime:
         runtime = self.opener(**kwargs)
@@ -26,6 +37,8 @@ class Backend:
     async def close(self) -> None:
         for runtime in self.opened:
             await runtime.close()
+        if self.cleanup is not None:
+            await self.cleanup()
 
 
 def inproc_backend(tmp_path: Path) -> Backend:
@@ -46,7 +59,79 @@ def sqlite_backend(tmp_path: Path) -> Backend:
     return Backend("sqlite", lambda **kwargs: SqliteRuntime(path, **kwargs))
 
 
+def postgres_backend(tmp_path: Path) -> Backend:
+    dsn = postgres_dsn()
+    schema = f"lf_test_{secrets.token_hex(6)}"  # one schema per test: tests never share rows
+
+    async def drop_schema() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    return Backend(
+        "postgres",
+        lambda **kwargs: PostgresRuntime(dsn, schema=schema, **kwargs),
+        cleanup=drop_schema,
+    )
+
+
+def kafka_backend(tmp_path: Path) -> Backend:
+    """Kafka for the log, a projector task in this process, PostgreSQL for the read model."""
+    dsn, bootstrap = postgres_dsn(), kafka_bootstrap()
+    tag = secrets.token_hex(5)
+    schema = f"lf_test_{tag}"
+    topics = Topics.prefixed(f"lf-test-{tag}", partitions=2)
+    group = f"lf-test-{tag}-projector"
+    projector = Projector(
+        bootstrap,
+        dsn,
+        topics=topics,
+        schema=schema,
+        group_id=group,
+        poll_ms=20,
+        session_timeout_ms=6_000,
+        heartbeat_interval_ms=500,
+    )
+    stop = asyncio.Event()
+    running: list[asyncio.Task[None]] = []
+
+    async def setup() -> None:
+        await ensure_topics(bootstrap, topics)
+        await projector.start()
+        running.append(asyncio.create_task(projector.run(stop)))
+
+    async def cleanup() -> None:
+        stop.set()
+        for task in running:
+            await task
+        await projector.stop()
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics([topics.events, topics.snapshots, topics.dlq])
+        finally:
+            await admin.close()
+
+    return Backend(
+        "kafka",
+        lambda **kwargs: KafkaRuntime(
+            bootstrap, dsn, topics=topics, schema=schema, group_id=group, **kwargs
+        ),
+        cleanup=cleanup,
+        setup=setup,
+    )
+
+
 BACKENDS: dict[str, Callable[[Path], Backend]] = {
     "inproc": inproc_backend,
+    "kafka": kafka_backend,
+    "postgres": postgres_backend,
     "sqlite": sqlite_backend,
 }

@@ -1,0 +1,284 @@
+"""The projector: consumes the events topic and folds it into the PostgreSQL read model.
+
+The hot loop is a plain aiokafka batch consumer (``getmany``), not a faust agent: faust's
+per-event machinery costs ~230 µs of CPU an event, a batch loop a few. Exactly-once in
+effect: each partition's batch is applied in one transaction together with the partition's
+next offset in ``positions``, every write is idempotent by (scope, seq), and on assignment
+the consumer seeks to the offsets stored in PostgreSQL, not to Kafka's committed ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+
+from loomflow.errors import InvalidEventError, StoreError
+from loomflow.producers import EventProducer, Topics, scope_key
+from loomflow.producers.topics import unreachable
+from loomflow.projections import postgres as pg
+from loomflow.schemas import Checkpoint, CheckpointWritten, Event
+from loomflow.schemas.codec import decode_event
+from loomflow.schemas.events import MAX_EVENT_BYTES
+
+__all__ = ["DeadLetter", "Projector"]
+
+logger = logging.getLogger("loomflow.processors.projector")
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A record the fold refused, with why."""
+
+    source: str
+    reason: str
+    raw: bytes | None
+    event_id: str | None = None
+    error_type: str = "InvalidEventError"
+
+
+@dataclass
+class _Outcome:
+    applied: list[Event] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+class _SeekToStoredPositions(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, projector: Projector) -> None:
+        self._projector = projector
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        return None  # positions are committed with every batch; nothing to flush
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._projector._seek(assigned)
+
+
+class Projector:
+    """One projector worker; several share the partitions through their consumer group."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        dsn: str,
+        *,
+        topics: Topics | None = None,
+        schema: str = "loomflow",
+        group_id: str = "loomflow-projector",
+        max_records: int = 2000,
+        poll_ms: int = 100,
+        session_timeout_ms: int = 10_000,
+        heartbeat_interval_ms: int = 1_000,
+        publish_snapshots: bool = True,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.dsn = dsn
+        self.topics = topics or Topics()
+        self.schema = schema
+        self.group_id = group_id
+        self.max_records = max_records
+        self.poll_ms = poll_ms
+        self.publish_snapshots = publish_snapshots
+        self._consumer_options = {
+            "session_timeout_ms": session_timeout_ms,
+            "heartbeat_interval_ms": heartbeat_interval_ms,
+            "rebalance_timeout_ms": max(session_timeout_ms, 5_000),
+        }
+        self._pool: asyncpg.Pool | None = None
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: EventProducer | None = None
+        self.applied = 0
+        self.dead_lettered = 0
+
+    async def start(self) -> None:
+        """Connect to PostgreSQL (migrating the schema) and join the consumer group."""
+        try:
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise StoreError(
+                f"PostgreSQL is not reachable ({type(exc).__name__}: {exc}); start it with "
+                "`dev/postgres.sh start`"
+            ) from exc
+        async with self._pool.acquire() as conn:
+            await pg.migrate(conn, self.schema)
+        self._producer = EventProducer(self.bootstrap, self.topics)
+        await self._producer.start()
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+            **self._consumer_options,
+        )
+        consumer.subscribe([self.topics.events], listener=_SeekToStoredPositions(self))
+        try:
+            await consumer.start()
+        except KafkaError as exc:
+            await consumer.stop()
+            raise unreachable(self.bootstrap, exc) from exc
+        self._consumer = consumer
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
+        if self._producer is not None:
+            await self._producer.stop()
+            self._producer = None
+        if self._pool is not None:
+            await self._pool.close()
+            self._pool = None
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Project until ``stop`` is set (or forever); one bad event never stops it."""
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            await self.step()
+
+    async def step(self) -> int:
+        """Fetch one round of records and apply them; return how many were handled."""
+        assert self._consumer is not None, "start() the projector first"
+        batches = await self._consumer.getmany(
+            timeout_ms=self.poll_ms, max_records=self.max_records
+        )
+        handled = 0
+        for tp, records in sorted(batches.items(), key=lambda item: item[0].partition):
+            if records:
+                await self._apply_partition(tp, records)
+                handled += len(records)
+        return handled
+
+    # -- internals -----------------------------------------------------------------------
+
+    async def _seek(self, assigned: Sequence[TopicPartition]) -> None:
+        assert self._pool is not None and self._consumer is not None
+        async with self._pool.acquire() as conn:
+            stored = await pg.load_positions(conn, self.schema, self.group_id, self.topics.events)
+        for tp in assigned:
+            if tp.partition in stored:
+                self._consumer.seek(tp, stored[tp.partition])
+            else:
+                await self._consumer.seek_to_beginning(tp)
+
+    async def _apply_partition(self, tp: TopicPartition, records: Sequence[Any]) -> None:
+        """Apply one partition's records and its next offset in one transaction."""
+        assert self._pool is not None
+        outcome = _Outcome()
+        candidates: list[tuple[Event, str, bytes]] = []
+        for record in records:
+            source = f"{tp.topic}/{tp.partition}@{record.offset}"
+            try:
+                candidates.append((self._decode(record), source, record.value))
+            except InvalidEventError as exc:
+                outcome.dead.append(DeadLetter(source, exc.reason, record.value))
+        async with self._pool.acquire() as conn, conn.transaction():
+            try:
+                async with conn.transaction():  # the whole batch at once: the common case
+                    await pg.apply_events(conn, self.schema, [c[0] for c in candidates])
+                outcome.applied.extend(c[0] for c in candidates)
+            except InvalidEventError:
+                # something in it was refused: one savepoint per event, so it fails alone
+                for event, source, raw in candidates:
+                    try:
+                        async with conn.transaction():
+                            await pg.apply_events(conn, self.schema, [event])
+                    except InvalidEventError as exc:
+                        outcome.dead.append(
+                            DeadLetter(source, exc.reason, raw, event.event_id, type(exc).__name__)
+                        )
+                    else:
+                        outcome.applied.append(event)
+            for letter in outcome.dead:
+                await pg.add_dead_letter(
+                    conn,
+                    self.schema,
+                    source=letter.source,
+                    reason=letter.reason,
+                    raw=None if letter.raw is None else letter.raw.decode("utf-8", "replace"),
+                    event_id=letter.event_id,
+                    error_type=letter.error_type,
+                )
+                logger.warning("dead-lettered %s: %s", letter.source, letter.reason)
+            await pg.save_position(
+                conn, self.schema, self.group_id, tp.topic, tp.partition, records[-1].offset + 1
+            )
+        self.applied += len(outcome.applied)
+        self.dead_lettered += len(outcome.dead)
+        await self._after_commit(outcome)
+
+    @staticmethod
+    def _decode(record: Any) -> Event:
+        """The event a record carries, checked against the record's key."""
+        if record.value is None:
+            raise InvalidEventError("a record without a value")
+        event = decode_event(record.value)
+        if record.key != scope_key(event.user_id, event.session_id):
+            raise InvalidEventError(
+                f"record key {record.key!r} is not the scope of the event it carries "
+                f"(session {event.session_id!r}, user {event.user_id!r})"
+            )
+        return event
+
+    async def _after_commit(self, outcome: _Outcome) -> None:
+        """Dead letters to the DLQ topic and the latest checkpoints to the snapshot topic.
+
+        Both happen after the commit: the database is the record of truth for both, and
+        a failure here is logged, never a reason to re-apply the batch.
+        """
+        assert self._producer is not None and self._pool is not None
+        try:
+            for letter in outcome.dead:
+                await self._producer.send_raw(
+                    self.topics.dlq,
+                    letter.raw,
+                    headers=[
+                        ("reason", letter.reason.encode()),
+                        ("source", letter.source.encode()),
+                    ],
+                )
+            if not self.publish_snapshots:
+                return
+            latest: dict[tuple[str | None, str], CheckpointWritten] = {}
+            for event in outcome.applied:
+                if isinstance(event, CheckpointWritten):
+                    latest[(event.user_id, event.session_id)] = event
+            for (user_id, session_id), event in latest.items():
+                snapshot = await self._snapshot(user_id, session_id, event)
+                if snapshot is not None:
+                    await self._producer.send_raw(
+                        self.topics.snapshots,
+                        snapshot.model_dump_json().encode(),
+                        key=scope_key(user_id, session_id),
+                    )
+        except StoreError as exc:
+            logger.warning("publishing after a committed batch failed: %s", exc)
+
+    async def _snapshot(
+        self, user_id: str | None, session_id: str, event: CheckpointWritten
+    ) -> Checkpoint | None:
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            row = await pg.get_checkpoint(
+                conn, self.schema, user_id, session_id, event.payload.checkpoint_id
+            )
+            if row is None:  # already dropped by retention in a later event of the batch
+                return None
+            messages = await pg.read_transcript(
+                conn, self.schema, user_id, session_id, row.base_seq, row.seq
+            )
+        return Checkpoint(
+            session_id=session_id,
+            checkpoint_id=row.checkpoint_id,
+            turn=row.turn,
+            messages=messages,
+            cumulative_usage=row.cumulative_usage,
+            cursor=row.cursor,
+            created_at=row.created_at,
+        )

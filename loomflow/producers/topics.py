@@ -1,0 +1,114 @@
+"""The topics of the log and their creation with the design's configs."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from loomflow.errors import StoreError
+from loomflow.schemas.events import MAX_EVENT_BYTES
+
+__all__ = ["Topics", "ensure_topics", "scope_key", "unreachable"]
+
+logger = logging.getLogger("loomflow.producers")
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Names and partition counts of the log's topics."""
+
+    events: str = "loomflow.events"
+    snapshots: str = "loomflow.snapshots"
+    dlq: str = "loomflow.events.dlq"
+    partitions: int = 6
+    replication: int = 1
+
+    def __post_init__(self) -> None:
+        for name in (self.events, self.snapshots, self.dlq):
+            if not _TOPIC.match(name):
+                raise ValueError(f"invalid Kafka topic name {name!r}")
+        if self.partitions < 1 or self.replication < 1:
+            raise ValueError("partitions and replication must be at least 1")
+
+    @classmethod
+    def prefixed(cls, prefix: str, **kwargs: int) -> Topics:
+        """The same topics under a prefix, e.g. one set per test or per tenant."""
+        return cls(
+            events=f"{prefix}.events",
+            snapshots=f"{prefix}.snapshots",
+            dlq=f"{prefix}.events.dlq",
+            **kwargs,
+        )
+
+
+def scope_key(user_id: str | None, session_id: str) -> bytes:
+    """The record key of a session's events: one session, one partition, one order.
+
+    Ids cannot contain ``/`` (see schemas.ids), so the key is unambiguous.
+    """
+    return f"{user_id or ''}/{session_id}".encode()
+
+
+def unreachable(bootstrap: str, exc: BaseException) -> StoreError:
+    return StoreError(
+        f"Kafka at {bootstrap} is not reachable ({type(exc).__name__}: {exc}); "
+        "start it with `dev/kafka.sh start` (or `docker compose up kafka`)"
+    )
+
+
+async def ensure_topics(bootstrap: str, topics: Topics, *, timeout_ms: int = 30_000) -> None:
+    """Create the topics if missing: the log kept forever, snapshots compacted, a DLQ."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
+    try:
+        await admin.start()
+    except KafkaError as exc:
+        raise unreachable(bootstrap, exc) from exc
+    try:
+        big = str(MAX_EVENT_BYTES + 64 * 1024)  # an event (or a snapshot) may be this large
+        wanted = [
+            NewTopic(
+                topics.events,
+                topics.partitions,
+                topics.replication,
+                topic_configs={
+                    "cleanup.policy": "delete",
+                    "retention.ms": "-1",
+                    "max.message.bytes": big,
+                },
+            ),
+            NewTopic(
+                topics.snapshots,
+                topics.partitions,
+                topics.replication,
+                topic_configs={"cleanup.policy": "compact", "max.message.bytes": big},
+            ),
+            NewTopic(
+                topics.dlq,
+                topics.partitions,
+                topics.replication,
+                topic_configs={
+                    "cleanup.policy": "delete",
+                    "retention.ms": "-1",
+                    "max.message.bytes": big,
+                },
+            ),
+        ]
+        existing = set(await admin.list_topics())
+        missing = [t for t in wanted if t.name not in existing]
+        if missing:
+            response = await admin.create_topics(missing, timeout_ms=timeout_ms)
+            for name, code, *_ in response.topic_errors:
+                # another process creating the same topic at once is not an error
+                if code not in (0, TopicAlreadyExistsError.errno):
+                    raise StoreError(f"creating Kafka topic {name} failed: error code {code}")
+            logger.info("created topics %s", [t.name for t in missing])
+    except KafkaConnectionError as exc:
+        raise unreachable(bootstrap, exc) from exc
+    finally:
+        await admin.close()

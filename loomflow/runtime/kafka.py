@@ -1,0 +1,270 @@
+"""KafkaRuntime: events appended to Kafka, read back from the projector's PostgreSQL model.
+
+An append returns once the projector has applied it (or refused it): the runtime listens
+for the projector's position notifications, so its own list / get / resume always see
+its writes (read-your-writes), and a refused event (a stale epoch, a taken seq, an erased
+session) raises the same typed error as on the embedded runtimes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from loomflow import errors
+from loomflow.errors import InvalidEventError, SequenceConflictError, StoreError
+from loomflow.producers import EventProducer, Position, Topics, ensure_topics
+from loomflow.projections import postgres as pg
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
+from loomflow.runtime.base import (
+    ANY_USER,
+    EventStore,
+    PruneResult,
+    Runtime,
+    Scope,
+    Serializer,
+    _check_prune_filters,
+)
+from loomflow.runtime.postgres import PostgresStore
+from loomflow.schemas import CheckpointsPruned, Event, Message, new_id
+
+__all__ = ["KafkaRuntime", "KafkaStore"]
+
+logger = logging.getLogger("loomflow.runtime.kafka")
+
+_REFUSALS: dict[str, type[InvalidEventError]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.InvalidEventError,
+        errors.StaleWriterError,
+        errors.SequenceConflictError,
+        errors.SessionErasedError,
+    )
+}
+
+
+class _Positions:
+    """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by appends."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, int] = {}
+        self._changed = asyncio.Condition()
+
+    async def advance(self, partition: int, next_offset: int) -> None:
+        async with self._changed:
+            if next_offset > self._seen.get(partition, -1):
+                self._seen[partition] = next_offset
+                self._changed.notify_all()
+
+    async def wait_past(self, wanted: dict[int, int]) -> None:
+        async with self._changed:
+            await self._changed.wait_for(
+                lambda: all(self._seen.get(p, -1) > o for p, o in wanted.items())
+            )
+
+
+class KafkaStore(EventStore):
+    """Appends to the events topic; serves reads from the read model in PostgreSQL."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        dsn: str,
+        *,
+        topics: Topics | None = None,
+        schema: str = "loomflow",
+        group_id: str = "loomflow-projector",
+        projection_timeout: float = 15.0,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics or Topics()
+        self.group_id = group_id
+        self.projection_timeout = projection_timeout
+        self._reads = PostgresStore(dsn, schema=schema)
+        self._schema = schema
+        self._dsn = dsn
+        self._producer = EventProducer(bootstrap, self.topics)
+        self._positions = _Positions()
+        self._listener: asyncpg.Connection | None = None
+        self._started = False
+        self._start_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Create the topics if needed, start the producer and listen for positions."""
+        async with self._start_lock:
+            if self._started:
+                return
+            await ensure_topics(self.bootstrap, self.topics)
+            await self._producer.start()
+            await self._reads.session(Scope("loomflow-probe"))  # connects and migrates
+            try:
+                self._listener = await asyncpg.connect(self._dsn)
+            except (OSError, asyncpg.PostgresError) as exc:
+                raise StoreError(f"PostgreSQL is not reachable: {exc}") from exc
+            channel = pg.positions_channel(self._schema)
+            await self._listener.add_listener(channel, self._on_position)
+            # positions committed before we listened: read them once
+            stored = await pg.load_positions(
+                self._listener, self._schema, self.group_id, self.topics.events
+            )
+            for partition, next_offset in stored.items():
+                await self._positions.advance(partition, next_offset)
+            self._started = True
+
+    def _on_position(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        group, topic, partition, next_offset = payload.rsplit(":", 3)
+        if group == self.group_id and topic == self.topics.events:
+            asyncio.get_running_loop().create_task(
+                self._positions.advance(int(partition), int(next_offset))
+            )
+
+    async def close(self) -> None:
+        await self._producer.stop()
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        await self._reads.close()
+        self._started = False
+
+    async def append(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        await self.start()
+        positions = await self._producer.send(events)
+        await self._await_projection(positions)
+        await self._verdict(events)
+
+    async def _await_projection(self, positions: Sequence[Position]) -> None:
+        wanted: dict[int, int] = {}
+        for position in positions:
+            wanted[position.partition] = max(wanted.get(position.partition, -1), position.offset)
+        try:
+            async with asyncio.timeout(self.projection_timeout):
+                await self._positions.wait_past(wanted)
+        except TimeoutError as exc:
+            raise StoreError(
+                f"the projector has not applied {self.topics.events} offsets {wanted} within "
+                f"{self.projection_timeout:.0f} s; is `loomflow processor` running against "
+                "the same Kafka and PostgreSQL?"
+            ) from exc
+
+    async def _verdict(self, events: Sequence[Event]) -> None:
+        """Raise the projector's reason if it refused any of our events."""
+        refusal = await self._reads.refusal([event.event_id for event in events])
+        if refusal is None:
+            return
+        error_type, reason = refusal
+        for event in events:
+            self._reads.forget(event)
+        raise _REFUSALS.get(error_type, InvalidEventError)(reason)
+
+    async def session(self, scope: Scope) -> SessionRow | None:
+        await self.start()
+        return await self._reads.session(scope)
+
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        await self.start()
+        return await self._reads.checkpoint(scope, checkpoint_id)
+
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        await self.start()
+        return await self._reads.list_checkpoints(scope, limit)
+
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        await self.start()
+        return await self._reads.transcript(scope, base_seq, upto_seq, message_count)
+
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        await self.start()
+        return await self._reads.step(scope, step_key)
+
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        await self.start()
+        return await self._reads.read_events(scope, after_seq)
+
+    async def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        session_id: str | None = None,
+        user_id: Any = ANY_USER,
+    ) -> PruneResult:
+        """Prune by appending events, so a rebuild from the log prunes the same things.
+
+        A whole session goes by an erasure tombstone (its id is not reused, unlike on the
+        embedded stores); in a live session, checkpoints older than ``before`` go by a
+        ``checkpoints.pruned`` event. Journal steps of live sessions are kept.
+        """
+        _check_prune_filters(before, session_id, user_id)
+        await self.start()
+        sessions = checkpoints = events = 0
+        for row in await self._reads.matching_sessions(session_id, user_id):
+            scope = Scope(row.session_id, row.user_id)
+            kept = await self._reads.list_checkpoints(scope, 1 << 30)
+            if before is None or row.updated_at < before:
+                if await self.erase(row.session_id, user_id=row.user_id):
+                    sessions += 1
+                    checkpoints += len(kept)
+                    events += row.last_seq
+                continue
+            old = [c.checkpoint_id for c in kept if c.created_at < before]
+            if old and await self._append_admin(scope, CheckpointsPruned, {"checkpoint_ids": old}):
+                checkpoints += len(old)
+        return PruneResult(sessions=sessions, checkpoints=checkpoints, events=events)
+
+    async def _append_admin(self, scope: Scope, cls: type[Event], payload: Any) -> bool:
+        """Append an event outside any run, at the session's current epoch."""
+        for _ in range(8):
+            row = await self._reads.session(scope)
+            if row is None or row.status == "erased":
+                return False
+            event = cls(
+                user_id=scope.user_id,
+                session_id=scope.session_id,
+                run_id=new_id("run"),
+                seq=row.last_seq + 1,
+                epoch=row.epoch,
+                payload=payload,
+            )
+            try:
+                await self.append([event])
+            except SequenceConflictError:
+                continue  # a writer appended meanwhile
+            return True
+        raise SequenceConflictError(f"could not prune {scope.describe()}: it keeps changing")
+
+
+class KafkaRuntime(Runtime):
+    """Durable runs over a shared Kafka log and a PostgreSQL read model."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        dsn: str,
+        *,
+        max_checkpoints_per_session: int = 20,
+        serializer: Serializer = "json",
+        topics: Topics | None = None,
+        schema: str = "loomflow",
+        group_id: str = "loomflow-projector",
+        projection_timeout: float = 15.0,
+    ) -> None:
+        super().__init__(
+            KafkaStore(
+                bootstrap,
+                dsn,
+                topics=topics,
+                schema=schema,
+                group_id=group_id,
+                projection_timeout=projection_timeout,
+            ),
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            serializer=serializer,
+        )

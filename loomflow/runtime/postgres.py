@@ -1,0 +1,386 @@
+"""PostgresRuntime: the event log and read model in one PostgreSQL schema."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from loomflow.errors import LoomflowError, StoreError
+from loomflow.projections import postgres as pg
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
+from loomflow.runtime.base import (
+    ANY_USER,
+    EventStore,
+    PruneResult,
+    Runtime,
+    Scope,
+    Serializer,
+    TranscriptCache,
+    _check_prune_filters,
+)
+from loomflow.schemas import Event, Message
+
+__all__ = ["PostgresRuntime", "PostgresStore"]
+
+T = TypeVar("T")
+
+_HINT = "start a local server with `dev/postgres.sh start`, or check the DSN"
+
+
+def _redact(dsn: str) -> str:
+    """The DSN without its password, fit for messages and logs."""
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:
+        return "<a DSN that does not parse>"
+    user, at, hosts = parts.netloc.rpartition("@")
+    netloc = f"{user.partition(':')[0]}{at}{hosts}"
+    query = "&".join(p for p in parts.query.split("&") if not p.startswith("password="))
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+async def _leave_session(conn: asyncpg.Connection) -> None:
+    """Reset nothing when a connection goes back to the pool.
+
+    The store leaves no session state behind (no SET, LISTEN, cursors or session-level
+    locks; asyncpg still rolls back an unfinished transaction), and asyncpg's default
+    reset would cost one more round trip on every release.
+    """
+
+
+async def _commit_round(
+    conn: asyncpg.Connection, schema: str, appends: list[list[Event]]
+) -> list[LoomflowError | None]:
+    """Commit a round of appends in one transaction; return each append's outcome."""
+    try:
+        async with conn.transaction():
+            await pg.apply_events(conn, schema, [e for events in appends for e in events])
+        return [None] * len(appends)
+    except LoomflowError as exc:
+        if len(appends) == 1:
+            return [exc]
+    # one of them was refused: again, each in its own savepoint, so that it fails alone
+    outcomes: list[LoomflowError | None] = []
+    async with conn.transaction():
+        for events in appends:
+            try:
+                async with conn.transaction():
+                    await pg.apply_events(conn, schema, events)
+            except LoomflowError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+    return outcomes
+
+
+class PostgresStore(EventStore):
+    """A PostgreSQL schema holding the log and its read model.
+
+    Appends that arrive while a commit is in flight are committed together in the next
+    round: one transaction that folds all of them as one batch (a few statements
+    whatever the number of sessions). If the fold refuses any of them, the round is
+    applied again with a savepoint per append, so a refused append fails alone. Sessions
+    touched are row-locked, so several stores (processes) may share the schema; a writer
+    that lost a race gets a typed refusal. The pool is created on first use (or by
+    ``open``), and the schema is created and migrated then.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "loomflow",
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if not isinstance(dsn, str) or not dsn:
+            raise ValueError("dsn must be a postgresql:// URL")
+        self.dsn = dsn
+        self.schema = pg.check_schema(schema)
+        self._pool_options = {"min_size": min_size, "max_size": max_size}
+        self._connect_timeout = connect_timeout
+        self._pool: asyncpg.Pool | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+        self._cache = TranscriptCache()
+        self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_redact(self.dsn)!r}, schema={self.schema!r})"
+
+    # -- connections ---------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect and migrate now instead of on first use."""
+        await self._ready()
+
+    async def _ready(self) -> asyncpg.Pool:
+        if self._closed:
+            raise StoreError(f"the PostgreSQL store {self._where()} is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise StoreError(
+                f"the PostgreSQL store {self._where()} was opened on another event loop; "
+                "create one runtime per event loop"
+            )
+        if self._pool is None:
+            async with self._opening:
+                if self._pool is None:
+                    self._pool = await self._connect()
+                    self._loop = loop
+        return self._pool
+
+    async def _connect(self) -> asyncpg.Pool:
+        password = urlsplit(self.dsn).password if "://" in self.dsn else None
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn,
+                timeout=self._connect_timeout,
+                reset=_leave_session,
+                **self._pool_options,
+            )
+        except (
+            OSError,
+            TimeoutError,
+            ValueError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+        ) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if password:
+                reason = reason.replace(password, "***")
+            raise StoreError(
+                f"cannot connect to PostgreSQL at {_redact(self.dsn)} ({reason}); {_HINT}"
+            ) from exc
+        try:
+            async with pool.acquire() as conn:
+                await pg.migrate(conn, self.schema)
+        except BaseException as exc:
+            await pool.close()
+            if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
+                raise StoreError(
+                    f"cannot create or migrate schema {self.schema!r} in PostgreSQL at "
+                    f"{_redact(self.dsn)}: {exc}"
+                ) from exc
+            raise
+        return pool
+
+    def _where(self) -> str:
+        return f"{_redact(self.dsn)} (schema {self.schema})"
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        pool = await self._ready()
+        try:
+            async with pool.acquire() as conn:
+                return await fn(conn, self.schema, *args)
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+            raise StoreError(f"PostgreSQL store {self._where()}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        async with self._opening:  # let an opening in flight finish, then close its pool
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def append(self, events: Sequence[Event]) -> None:
+        if not events:
+            return
+        await self._ready()  # fail here, not in the drainer, when the store cannot open
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._pending.append((list(events), done))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = loop.create_task(self._drain())
+        await done
+
+    async def _drain(self) -> None:
+        """Commit everything queued, one transaction per round, until the queue is empty."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                outcomes = await self._call(_commit_round, [events for events, _ in batch])
+            except BaseException as exc:
+                for events, done in batch:  # the outcome may be unknown: read them again
+                    self._forget(events)
+                    if done.done():
+                        continue
+                    if isinstance(exc, asyncio.CancelledError):
+                        done.cancel()
+                    else:
+                        done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for (events, done), outcome in zip(batch, outcomes, strict=True):
+                if outcome is None:
+                    self._cache.follow(events)
+                    if not done.done():
+                        done.set_result(None)
+                else:
+                    self._forget(events)
+                    if not done.done():
+                        done.set_exception(outcome)
+
+    def _forget(self, events: list[Event]) -> None:
+        for event in events:
+            self.forget(event)
+
+    def forget(self, event: Event) -> None:
+        """Drop what the transcript cache holds of the event's session."""
+        self._cache.forget((event.user_id, event.session_id))
+
+    async def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        session_id: str | None = None,
+        user_id: Any = ANY_USER,
+    ) -> PruneResult:
+        _check_prune_filters(before, session_id, user_id)
+        self._cache.forget()
+        counts = await self._call(_prune, before, session_id, user_id)
+        return PruneResult(*counts)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def session(self, scope: Scope) -> SessionRow | None:
+        return await self._call(pg.load_session, scope.user_id, scope.session_id)
+
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        return await self._call(pg.get_checkpoint, scope.user_id, scope.session_id, checkpoint_id)
+
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        return await self._call(pg.list_checkpoints, scope.user_id, scope.session_id, limit)
+
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        key = (scope.user_id, scope.session_id)
+        cached = self._cache.lookup(key, base_seq)
+        if cached is None:
+            messages = await self._call(
+                pg.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
+            )
+            self._cache.store(key, base_seq, upto_seq, list(messages))
+            return messages
+        if cached.seq < upto_seq:  # another writer went on: read only what it added
+            seq = cached.seq
+            added = await self._call(
+                pg.read_transcript, scope.user_id, scope.session_id, seq + 1, upto_seq
+            )
+            if self._cache.lookup(key, base_seq) is cached and cached.seq == seq:
+                cached.messages.extend(added)
+                cached.seq = upto_seq
+            else:
+                return await self._call(
+                    pg.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
+                )
+        return cached.messages[:message_count]
+
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        return await self._call(pg.get_step, scope.user_id, scope.session_id, step_key)
+
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        return await self._call(
+            pg.read_events, scope.user_id, scope.session_id, after_seq + 1, 2**62
+        )
+
+    async def matching_sessions(self, session_id: str | None, user_id: Any) -> list[SessionRow]:
+        """Live sessions matching the filters (``ANY_USER`` matches every user)."""
+        return await self._call(
+            functools.partial(
+                pg.match_sessions,
+                session_id=session_id,
+                user_id=None if user_id is ANY_USER else user_id,
+                any_user=user_id is ANY_USER,
+            )
+        )
+
+    async def refusal(self, event_ids: Sequence[str]) -> tuple[str, str] | None:
+        """(error type, reason) of a consumer's refusal of any of these events, or None."""
+        return await self._call(pg.find_refusal, list(event_ids))
+
+
+async def _prune(
+    conn: asyncpg.Connection,
+    schema: str,
+    before: datetime | None,
+    session_id: str | None,
+    user_id: Any,
+) -> tuple[int, int, int, int]:
+    async with conn.transaction():
+        return await pg.prune(
+            conn,
+            schema,
+            before=before,
+            session_id=session_id,
+            user_id=None if user_id is ANY_USER else user_id,
+            any_user=user_id is ANY_USER,
+        )
+
+
+class PostgresRuntime(Runtime):
+    """Durable runs in PostgreSQL: the same events and semantics as SqliteRuntime, with
+    log and read model in one schema that many processes share."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        max_checkpoints_per_session: int = 20,
+        schema: str = "loomflow",
+        serializer: Serializer = "json",
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> None:
+        self._pg_store = PostgresStore(dsn, schema=schema, min_size=min_size, max_size=max_size)
+        super().__init__(
+            self._pg_store,
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            serializer=serializer,
+        )
+
+    @property
+    def store(self) -> PostgresStore:
+        return self._pg_store
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str,
+        *,
+        max_checkpoints_per_session: int = 20,
+        schema: str = "loomflow",
+        serializer: Serializer = "json",
+        min_size: int = 1,
+        max_size: int = 10,
+    ) -> PostgresRuntime:
+        """A runtime already connected, with its schema created and migrated."""
+        runtime = cls(
+            dsn,
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            schema=schema,
+            serializer=serializer,
+            min_size=min_size,
+            max_size=max_size,
+        )
+        try:
+            await runtime.store.open()
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime

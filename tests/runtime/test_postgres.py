@@ -1,0 +1,467 @@
+"""What only PostgreSQL has to prove: migrations, its own schema, racing pools, bad rows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import socket
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from loomflow import Message, ToolCall
+from loomflow.errors import (
+    CorruptRecordError,
+    SequenceConflictError,
+    SessionErasedError,
+    StaleWriterError,
+    StoreError,
+)
+from loomflow.projections import postgres as pg
+from loomflow.runtime import PostgresRuntime, Scope, SessionWriter
+from loomflow.schemas import (
+    CheckpointsPruned,
+    CheckpointWritten,
+    Event,
+    RunStarted,
+    SessionErased,
+    StepRecorded,
+    TurnAppended,
+    Usage,
+    new_id,
+)
+from loomflow.schemas.events import (
+    CheckpointsPrunedPayload,
+    CheckpointWrittenPayload,
+    SessionErasedPayload,
+    StepRecordedPayload,
+    TurnAppendedPayload,
+)
+from tests.support.scenario import Research
+from tests.support.services import postgres_dsn
+
+
+@pytest.fixture
+def dsn() -> str:
+    return postgres_dsn()
+
+
+@pytest.fixture
+async def schema(dsn: str) -> AsyncIterator[str]:
+    name = f"lf_test_{secrets.token_hex(6)}"
+    yield name
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+def _turn(writer: SessionWriter, text: str, offset: int = 0) -> TurnAppended:
+    return writer.make(
+        TurnAppended, TurnAppendedPayload(messages=[Message.user(text)]), offset=offset
+    )
+
+
+# --- migrations and the schema ---------------------------------------------------------
+
+
+async def test_two_processes_migrating_at_once_both_succeed(dsn: str, schema: str) -> None:
+    conns = [await asyncpg.connect(dsn) for _ in range(4)]
+    try:
+        await asyncio.gather(*(pg.migrate(conn, schema) for conn in conns))
+        versions = await conns[0].fetch(f'SELECT version FROM "{schema}".schema_migrations')
+        tables = await conns[0].fetch(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = $1", schema
+        )
+    finally:
+        for conn in conns:
+            await conn.close()
+    assert [r["version"] for r in versions] == [pg.SCHEMA_VERSION]
+    assert {r["table_name"] for r in tables} == {
+        "events",
+        "sessions",
+        "checkpoints",
+        "steps",
+        "positions",
+        "dead_letters",
+        "schema_migrations",
+    }
+
+
+async def test_a_schema_from_a_newer_loomflow_is_refused(dsn: str, schema: str) -> None:
+    runtime = await PostgresRuntime.connect(dsn, schema=schema)
+    await runtime.close()
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(f'INSERT INTO "{schema}".schema_migrations (version) VALUES (99)')
+    await conn.close()
+    with pytest.raises(StoreError, match="upgrade loomflow"):
+        await PostgresRuntime.connect(dsn, schema=schema)
+
+
+@pytest.mark.parametrize("bad", ["", "Loomflow", "lf-test", "1lf", 'lf"; drop', "pg_lf", "x" * 49])
+def test_schema_names_must_be_plain_identifiers(bad: str) -> None:
+    with pytest.raises(ValueError, match="schema"):
+        PostgresRuntime("postgresql://u@127.0.0.1/db", schema=bad)
+
+
+async def test_everything_lives_in_its_own_schema_beside_other_tools(dsn: str) -> None:
+    # a database of our own, so that "nothing in public" is about us alone
+    database = f"lf_test_{secrets.token_hex(6)}"
+    admin = await asyncpg.connect(dsn)
+    # template0: nobody connects to it, so creating from it never meets "being accessed"
+    await admin.execute(f'CREATE DATABASE "{database}" TEMPLATE template0')
+    own_dsn = urlunsplit(urlsplit(dsn)._replace(path=f"/{database}"))
+    try:
+        other = await asyncpg.connect(own_dsn)
+        # what LangGraph's saver creates in public
+        await other.execute(
+            "CREATE TABLE public.checkpoints (thread_id text, checkpoint_ns text, "
+            "checkpoint_id text, checkpoint jsonb, "
+            "PRIMARY KEY (thread_id, checkpoint_ns, checkpoint_id))"
+        )
+        await other.execute("INSERT INTO public.checkpoints VALUES ('t1', '', 'c1', '{\"v\": 1}')")
+
+        runtime = await PostgresRuntime.connect(own_dsn, max_checkpoints_per_session=50)
+        agent = Research(passes=2).agent(runtime)
+        await agent.run("Research.", session_id="s1")
+        assert len(await agent.list_checkpoints("s1")) == 2
+        await runtime.close()
+
+        relations = await other.fetch(
+            "SELECT n.nspname, c.relname FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'pg_toast')"
+        )
+        theirs = await other.fetch("SELECT * FROM public.checkpoints")
+        await other.close()
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+        await admin.close()
+    assert {r["relname"] for r in relations if r["nspname"] == "public"} == {
+        "checkpoints",
+        "checkpoints_pkey",
+    }
+    ours = {r["relname"] for r in relations if r["nspname"] == "loomflow"}
+    assert {"events", "sessions", "checkpoints", "steps", "schema_migrations"} <= ours
+    assert {r["nspname"] for r in relations} == {"public", "loomflow"}
+    assert [tuple(r.values()) for r in theirs] == [("t1", "", "c1", '{"v": 1}')]
+
+
+# --- connecting ----------------------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_an_unreachable_server_is_a_clear_error_without_the_password() -> None:
+    port = _closed_port()
+    dsn = f"postgresql://loomflow:s3cret-pw@127.0.0.1:{port}/loomflow"
+    with pytest.raises(StoreError) as raised:
+        await PostgresRuntime.connect(dsn)
+    message = str(raised.value)
+    assert f"postgresql://loomflow@127.0.0.1:{port}/loomflow" in message
+    assert "dev/postgres.sh start" in message
+    assert "s3cret-pw" not in message
+
+    lazy = PostgresRuntime(dsn)  # constructing does no I/O: the first use connects
+    with pytest.raises(StoreError, match=r"dev/postgres\.sh start"):
+        await lazy.list_checkpoints(Scope("s1"))
+    await lazy.close()
+    with pytest.raises(StoreError, match="closed"):
+        await lazy.list_checkpoints(Scope("s1"))
+
+
+# --- concurrent writers --------------------------------------------------------------------
+
+
+async def test_two_pools_racing_for_each_seq_lose_nothing(dsn: str, schema: str) -> None:
+    first, second = (PostgresRuntime(dsn, schema=schema) for _ in range(2))
+    scope = Scope("s1", "alice")
+    run_id = new_id("run")
+    # the same epoch in both: only the seq decides, as for two writers of one run
+    writers = [
+        SessionWriter(rt, scope, run_id=run_id, epoch=1, next_seq=1) for rt in (first, second)
+    ]
+    acknowledged: list[Event] = []
+    for round_ in range(30):
+        row = await first.store.session(scope)
+        seq = (row.last_seq if row else 0) + 1
+        racing: list[Event] = []
+        for n, writer in enumerate(writers):
+            writer.next_seq = seq
+            if seq == 1:  # nobody has a session row to lock yet: the log's key decides
+                racing.append(writer.make(RunStarted, {}))
+            else:
+                racing.append(_turn(writer, f"round {round_} writer {n}"))
+        outcomes = await asyncio.gather(
+            first.store.append([racing[0]]),
+            second.store.append([racing[1]]),
+            return_exceptions=True,
+        )
+        winners = [event for event, out in zip(racing, outcomes, strict=True) if out is None]
+        losers = [out for out in outcomes if out is not None]
+        assert len(winners) == 1, outcomes
+        assert len(losers) == 1 and isinstance(losers[0], SequenceConflictError), outcomes
+        acknowledged += winners
+
+    # a third runtime takes the session over: the old epoch is fenced off
+    third = PostgresRuntime(dsn, schema=schema)
+    taken = await third.open_session(scope, run_id=new_id("run"))
+    assert taken.epoch == 2
+    writers[0].next_seq = taken.next_seq
+    with pytest.raises(StaleWriterError):
+        await writers[0].emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
+
+    reader = PostgresRuntime(dsn, schema=schema)
+    stored = await reader.store.read_events(scope)
+    assert [e.seq for e in stored] == list(range(1, 32))
+    assert stored[:30] == acknowledged  # every acknowledged event, exactly once, in order
+    state = await reader.restore(scope)
+    assert state is not None and len(state.messages) == 29
+    for runtime in (first, second, third, reader):
+        await runtime.close()
+
+
+async def test_a_seq_taken_by_a_writer_not_yet_committed_is_a_conflict(
+    dsn: str, schema: str
+) -> None:
+    mine, theirs = await asyncpg.connect(dsn), await asyncpg.connect(dsn)
+    await pg.migrate(mine, schema)
+    started = [
+        RunStarted(session_id="fresh", run_id=new_id("run"), seq=1, epoch=1) for _ in range(2)
+    ]
+    try:
+        transaction = mine.transaction()
+        await transaction.start()
+        await pg.apply_events(mine, schema, [started[0]])
+
+        async def second_writer() -> None:
+            async with theirs.transaction():
+                await pg.apply_events(theirs, schema, [started[1]])
+
+        racing = asyncio.create_task(second_writer())
+        pid = theirs.get_server_pid()
+
+        async with asyncio.timeout(10):  # until it waits for our uncommitted seq 1
+            while True:
+                waiting = await mine.fetchval(
+                    "SELECT wait_event_type FROM pg_stat_activity WHERE pid = $1", pid
+                )
+                if waiting == "Lock":
+                    break
+                await asyncio.sleep(0.01)
+        await transaction.commit()
+        with pytest.raises(SequenceConflictError):
+            await racing
+    finally:
+        await mine.close()
+        await theirs.close()
+
+
+# --- the projection function the Kafka projector shares ------------------------------------
+
+
+def _mixed_batch() -> list[Event]:
+    """Sessions interleaved, a redelivered event, retention, pruning, a step, an erasure."""
+    run = new_id("run")
+    usage = Usage(input_tokens=3, output_tokens=2)
+
+    def turn(sid: str, seq: int, text: str) -> TurnAppended:
+        return TurnAppended(
+            session_id=sid,
+            run_id=run,
+            seq=seq,
+            epoch=1,
+            payload=TurnAppendedPayload(messages=[Message.user(text)], usage=usage),
+        )
+
+    def checkpoint(sid: str, seq: int, count: int) -> CheckpointWritten:
+        return CheckpointWritten(
+            session_id=sid,
+            run_id=run,
+            seq=seq,
+            epoch=1,
+            payload=CheckpointWrittenPayload(
+                checkpoint_id=new_id("ckpt"),
+                turn=count,
+                cumulative_usage=usage,
+                message_count=count,
+                retain=2,
+            ),
+        )
+
+    batch: list[Event] = [RunStarted(session_id=sid, run_id=run, seq=1, epoch=1) for sid in "abc"]
+    for n in range(3):  # a and c checkpoint side by side: their changes share statements
+        for sid in "ac":
+            batch += [turn(sid, 2 + 2 * n, f"{sid} {n}"), checkpoint(sid, 3 + 2 * n, n + 1)]
+    newest_c = batch[-1]
+    assert isinstance(newest_c, CheckpointWritten)
+    b2 = turn("b", 2, "b one")
+    batch += [
+        batch[3],  # a's first turn, redelivered within the batch: stored once
+        CheckpointsPruned(
+            session_id="c",
+            run_id=run,
+            seq=8,
+            epoch=1,
+            payload=CheckpointsPrunedPayload(checkpoint_ids=[newest_c.payload.checkpoint_id]),
+        ),
+        b2,
+        StepRecorded(
+            session_id="b",
+            run_id=run,
+            seq=3,
+            epoch=1,
+            payload=StepRecordedPayload(step_key="k", input_hash="h", value={"z": 1, "a": 2}),
+        ),
+        SessionErased(session_id="b", run_id=run, seq=4, epoch=1, payload=SessionErasedPayload()),
+        b2,  # redelivered after the erasure: refused, the tombstone stays
+    ]
+    return batch
+
+
+async def test_one_batch_of_many_sessions_folds_like_one_event_at_a_time(
+    dsn: str, schema: str
+) -> None:
+    batch = _mixed_batch()
+    conn = await asyncpg.connect(dsn)
+    other = f"{schema}_x"
+    try:
+        await pg.migrate(conn, schema)
+        await pg.migrate(conn, other)
+        with pytest.raises(SessionErasedError):  # b2 after the erasure, in one batch
+            async with conn.transaction():
+                await pg.apply_events(conn, schema, batch)
+        async with conn.transaction():
+            await pg.apply_events(conn, schema, batch[:-1])
+            # redelivered: a no-op for what is stored (b's events went with its erasure)
+            await pg.apply_events(conn, schema, [e for e in batch if e.session_id != "b"])
+        for event in batch[:-1]:
+            async with conn.transaction():
+                await pg.apply_events(conn, other, [event])
+
+        async def model(target: str) -> list[object]:
+            seen: list[object] = []
+            for sid in ("a", "b", "c"):
+                seen.append(await pg.load_session(conn, target, None, sid))
+                seen.append(await pg.list_checkpoints(conn, target, None, sid, 50))
+                seen.append(await pg.read_events(conn, target, None, sid, 1, 100))
+                seen.append(await pg.get_step(conn, target, None, sid, "k"))
+            return seen
+
+        batched, one_by_one = await model(schema), await model(other)
+        checkpoints_a = await pg.list_checkpoints(conn, schema, None, "a", 50)
+        checkpoints_c = await pg.list_checkpoints(conn, schema, None, "c", 50)
+        transcript_a = await pg.read_transcript(conn, schema, None, "a", 0, 100)
+        events_b = await pg.read_events(conn, schema, None, "b", 1, 100)
+    finally:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{other}" CASCADE')
+        await conn.close()
+    assert batched == one_by_one
+    assert [c.seq for c in checkpoints_a] == [7, 5]
+    assert [c.seq for c in checkpoints_c] == [5]  # retention kept 7 and 5; 7 was pruned
+    assert [m.content for m in transcript_a] == ["a 0", "a 1", "a 2"]
+    assert [e.type for e in events_b] == ["session.erased"]
+
+
+# --- stored bytes and bad rows ---------------------------------------------------------------
+
+
+async def test_payloads_are_stored_as_written(dsn: str, schema: str) -> None:
+    writer_rt, reader_rt = (PostgresRuntime(dsn, schema=schema) for _ in range(2))
+    scope = Scope("s1")
+    writer = await writer_rt.open_session(scope, run_id=new_id("run"))
+    call = ToolCall(id="c1", name="search", arguments={"zeta": 1, "alpha": {"y": 2, "b": 3}})
+    sent = [Message.assistant("", [call]), Message.tool("c1", "NUL \x00 inside")]
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=sent))
+    state = await reader_rt.restore(scope)  # a fresh store: read from the database
+    assert state is not None
+    # key order kept, so a resumed transcript is the same prompt prefix byte for byte
+    assert [m.model_dump_json() for m in state.messages] == [m.model_dump_json() for m in sent]
+    for runtime in (writer_rt, reader_rt):
+        await runtime.close()
+
+
+async def test_a_corrupted_row_is_reported_and_listing_still_works(
+    dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = PostgresRuntime(dsn, schema=schema)
+    await Research(passes=2).agent(runtime).run("Research.", session_id="broken")
+    await Research(passes=2).agent(runtime).run("Research.", session_id="fine")
+    await runtime.close()
+    conn = await asyncpg.connect(dsn)
+    await conn.execute(
+        f'UPDATE "{schema}".events SET payload = \'{{"messages": 7}}\' '
+        "WHERE session_id = 'broken' AND seq = 4"
+    )
+    rows_before = len(await conn.fetch(f'SELECT 1 FROM "{schema}".events'))
+
+    runtime = PostgresRuntime(dsn, schema=schema)
+    with pytest.raises(CorruptRecordError, match=r"session 'broken', seq 4"):
+        await runtime.restore(Scope("broken"))
+    fine = await runtime.restore(Scope("fine"))
+    assert fine is not None and fine.turns == 6
+    assert len(await runtime.list_checkpoints(Scope("broken"))) == 2
+    with caplog.at_level(logging.WARNING, logger="loomflow"):
+        events = await runtime.store.read_events(Scope("broken"))
+    assert 4 not in {e.seq for e in events} and len(events) == events[-1].seq - 1
+    assert sum("skipping a log row" in r.getMessage() for r in caplog.records) == 1
+    await runtime.close()
+    assert len(await conn.fetch(f'SELECT 1 FROM "{schema}".events')) == rows_before
+    await conn.close()
+
+
+# --- group commit and the transcript cache ---------------------------------------------------
+
+
+async def test_concurrent_appends_commit_together_and_a_refused_one_fails_alone(
+    dsn: str, schema: str
+) -> None:
+    runtime = PostgresRuntime(dsn, schema=schema)
+    writers = [await runtime.open_session(Scope(f"s{n}"), run_id=new_id("run")) for n in range(20)]
+    bad = _turn(writers[0], "x", offset=5)  # a gap: refused by the fold
+
+    async def write(writer: SessionWriter) -> None:
+        for k in range(5):
+            await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user(f"{k}")]))
+
+    outcomes = await asyncio.gather(
+        *(write(w) for w in writers), runtime.store.append([bad]), return_exceptions=True
+    )
+    assert all(o is None for o in outcomes[:-1]), outcomes
+    assert isinstance(outcomes[-1], SequenceConflictError)
+    reader = PostgresRuntime(dsn, schema=schema)
+    for n in range(20):
+        state = await reader.restore(Scope(f"s{n}"))
+        assert state is not None and [m.content for m in state.messages] == list("01234")
+    for rt in (runtime, reader):
+        await rt.close()
+
+
+async def test_a_reader_sees_what_another_writer_added_after_it_read(dsn: str, schema: str) -> None:
+    reader, writer = (PostgresRuntime(dsn, schema=schema) for _ in range(2))
+    await Research(passes=1).agent(writer).run("Research.", session_id="s1")
+    first = await reader.get_checkpoint(Scope("s1"))  # the reader now caches the transcript
+    assert first is not None and first.turn == 3
+    await Research(passes=2).agent(writer).resume(session_id="s1")
+    latest = await reader.get_checkpoint(Scope("s1"))
+    fresh = PostgresRuntime(dsn, schema=schema)
+    from_db = await fresh.restore(Scope("s1"))
+    assert latest is not None and latest.turn == 6
+    assert from_db is not None and latest.messages == from_db.messages
+    assert await reader.get_checkpoint(Scope("s1"), first.checkpoint_id) == first
+
+    compacting = Research(passes=3).agent(writer, auto_compact_at_tokens=1, compact_keep_messages=2)
+    await compacting.resume(session_id="s1")  # a new base: the reader must not extend its copy
+    compacted = await reader.get_checkpoint(Scope("s1"))
+    assert compacted is not None
+    assert compacted.messages[1].content.startswith("Summary of the earlier conversation")
+    for runtime in (reader, writer, fresh):
+        await runtime.close()
