@@ -7,7 +7,13 @@ from loomflow.errors import (
     LoomflowError,
     SerializationError,
 )
-from loomflow.runtime import InProcRuntime, PostgresRuntime, SqliteRuntime, current_journal
+from loomflow.runtime import (
+    InProcRuntime,
+    KafkaRuntime,
+    PostgresRuntime,
+    SqliteRuntime,
+    current_journal,
+)
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -26,6 +32,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "InProcRuntime",
     "InvalidIdError",
+    "KafkaRuntime",
     "LoomflowError",
     "Message",
     "PostgresRuntime",

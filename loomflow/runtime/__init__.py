@@ -12,6 +12,7 @@ from loomflow.runtime.base import (
     current_journal,
 )
 from loomflow.runtime.inproc import InProcRuntime, InProcStore
+from loomflow.runtime.kafka import KafkaRuntime, KafkaStore
 from loomflow.runtime.postgres import PostgresRuntime, PostgresStore
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
 
@@ -21,6 +22,8 @@ __all__ = [
     "InProcRuntime",
     "InProcStore",
     "Journal",
+    "KafkaRuntime",
+    "KafkaStore",
     "PostgresRuntime",
     "PostgresStore",
     "PruneResult",
