@@ -27,7 +27,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="loomflow", description="Durable agent runs: crash, resume, fork."
     )
     # The metavar lists only public commands, so the worker stays out of --help.
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,processor}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, metavar="{demo,processor,rebuild}"
+    )
     demo = commands.add_parser(
         "demo",
         help="kill an agent run with SIGKILL, resume it, then fork it",
@@ -62,7 +64,24 @@ def _parser() -> argparse.ArgumentParser:
         "snapshots, dead-letter bad events. Reads LOOMFLOW_KAFKA_BOOTSTRAP, "
         "LOOMFLOW_POSTGRES_DSN, LOOMFLOW_SCHEMA and LOOMFLOW_TOPIC_PREFIX.",
     )
-    processor.add_argument("--loglevel", default="info", help="(default: %(default)s)")
+    processor.add_argument(
+        "--loglevel",
+        default="info",
+        choices=("crit", "error", "warn", "info", "debug"),
+        help="(default: %(default)s)",
+    )
+    rebuild = commands.add_parser(
+        "rebuild",
+        help="replay the Kafka log from the beginning into an empty PostgreSQL schema",
+        description="Fold every event of the events topic into a new read model schema. "
+        "Reads LOOMFLOW_KAFKA_BOOTSTRAP, LOOMFLOW_POSTGRES_DSN and LOOMFLOW_TOPIC_PREFIX.",
+    )
+    rebuild.add_argument("--schema", required=True, help="a new or empty schema to fill")
+    rebuild.add_argument(
+        "--consumer",
+        default="loomflow-processor-projector",
+        help="projector group whose positions the rebuild records (default: %(default)s)",
+    )
     worker = commands.add_parser(WORKER_COMMAND)
     worker.add_argument("--db", type=Path, required=True)
     worker.add_argument("--session-id", required=True)
@@ -80,6 +99,52 @@ def _run_processor(loglevel: str) -> int:
     return 0
 
 
+def _run_rebuild(schema: str, consumer: str) -> int:
+    import asyncio
+    import os
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from loomflow.errors import LoomflowError
+    from loomflow.processors.rebuild import rebuild
+    from loomflow.producers import Topics
+
+    prefix = os.environ.get("LOOMFLOW_TOPIC_PREFIX")
+    bootstrap = os.environ.get("LOOMFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+    dsn = os.environ.get(
+        "LOOMFLOW_POSTGRES_DSN", "postgresql://loomflow:loomflow@127.0.0.1:5432/loomflow"
+    )
+    console = Console()
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=console,
+    ) as bar:
+        task = bar.add_task(f"rebuilding into {schema}", total=None)
+        try:
+            result = asyncio.run(
+                rebuild(
+                    bootstrap,
+                    dsn,
+                    topics=Topics.prefixed(prefix) if prefix else Topics(),
+                    schema=schema,
+                    consumer=consumer,
+                    progress=lambda done, total: bar.update(task, completed=done, total=total),
+                )
+            )
+        except (LoomflowError, ValueError) as exc:
+            console.print(f"[red]rebuild failed:[/red] {exc}")
+            return 1
+    console.print(
+        f"rebuilt {schema}: {result.records} records, {result.applied} applied, "
+        f"{result.dead_lettered} dead-lettered"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = _parser().parse_args(argv)
@@ -87,6 +152,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo(args.db, args.kill_after_turns, args.model)
     if args.command == "processor":
         return _run_processor(args.loglevel)
+    if args.command == "rebuild":
+        return _run_rebuild(args.schema, args.consumer)
     return run_worker(args.db, args.session_id, args.backend, args.model)
 
 

@@ -2,19 +2,21 @@
 
 Run it with ``loomflow processor`` or ``faust -A loomflow.processors.app worker
 --without-web``. Configuration comes from LOOMFLOW_KAFKA_BOOTSTRAP, LOOMFLOW_POSTGRES_DSN,
-LOOMFLOW_SCHEMA and LOOMFLOW_TOPIC_PREFIX. The projection's hot path is a batch consumer in
+LOOMFLOW_SCHEMA, LOOMFLOW_TOPIC_PREFIX, LOOMFLOW_TOPIC_PARTITIONS and LOOMFLOW_PROCESSOR_ID.
+The projection's hot path is a batch consumer in
 an ``app.task`` (see projector.py); faust's agents do what they are good at: tables.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import faust
 
 from loomflow.processors.analytics import run_transition, usage_delta
 from loomflow.processors.projector import Projector
-from loomflow.producers import Topics
+from loomflow.producers import Topics, ensure_topics
 
 __all__ = ["app", "create_app"]
 
@@ -25,16 +27,23 @@ def create_app(
     *,
     topics: Topics | None = None,
     schema: str | None = None,
-    app_id: str = "loomflow-processor",
+    app_id: str | None = None,
 ) -> faust.App:
     """Build the processor app; arguments default to the LOOMFLOW_* environment."""
     bootstrap = bootstrap or os.environ.get("LOOMFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     dsn = dsn or os.environ.get(
         "LOOMFLOW_POSTGRES_DSN", "postgresql://loomflow:loomflow@127.0.0.1:5432/loomflow"
     )
-    prefix = os.environ.get("LOOMFLOW_TOPIC_PREFIX")
-    topics = topics or (Topics.prefixed(prefix) if prefix else Topics())
+    if topics is None:
+        prefix = os.environ.get("LOOMFLOW_TOPIC_PREFIX")
+        partitions = int(os.environ.get("LOOMFLOW_TOPIC_PARTITIONS", Topics.partitions))
+        topics = (
+            Topics.prefixed(prefix, partitions=partitions)
+            if prefix
+            else Topics(partitions=partitions)
+        )
     schema = schema or os.environ.get("LOOMFLOW_SCHEMA", "loomflow")
+    app_id = app_id or os.environ.get("LOOMFLOW_PROCESSOR_ID", "loomflow-processor")
 
     app = faust.App(
         app_id,
@@ -57,11 +66,19 @@ def create_app(
         bootstrap, dsn, topics=topics, schema=schema, group_id=f"{app_id}-projector"
     )
 
+    stopping = asyncio.Event()
+
+    async def finish_round(sender: object, **kwargs: object) -> None:
+        stopping.set()  # the projector ends after its current round, committed or not
+
+    app.on_before_shutdown.connect(finish_round)  # type: ignore[arg-type]
+
     @app.task  # type: ignore[untyped-decorator]
     async def project() -> None:
+        await ensure_topics(bootstrap, topics)
         await projector.start()
         try:
-            await projector.run()
+            await projector.run(stopping)
         finally:
             await projector.stop()
 

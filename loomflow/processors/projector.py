@@ -10,6 +10,7 @@ the consumer seeks to the offsets stored in PostgreSQL, not to Kafka's committed
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from loomflow.schemas import Checkpoint, CheckpointWritten, Event
 from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import MAX_EVENT_BYTES
 
-__all__ = ["DeadLetter", "Projector"]
+__all__ = ["DeadLetter", "Projector", "apply_records", "decode_record"]
 
 logger = logging.getLogger("loomflow.processors.projector")
 
@@ -49,15 +50,80 @@ class _Outcome:
     dead: list[DeadLetter] = field(default_factory=list)
 
 
+def decode_record(record: Any) -> Event:
+    """The event a record carries, checked against the record's key."""
+    if record.value is None:
+        raise InvalidEventError("a record without a value")
+    event = decode_event(record.value)
+    if record.key != scope_key(event.user_id, event.session_id):
+        raise InvalidEventError(
+            f"record key {record.key!r} is not the scope of the event it carries "
+            f"(session {event.session_id!r}, user {event.user_id!r})"
+        )
+    return event
+
+
+async def apply_records(
+    conn: asyncpg.Connection,
+    schema: str,
+    consumer: str,
+    tp: TopicPartition,
+    records: Sequence[Any],
+) -> _Outcome:
+    """Fold one partition's records into the read model, in the caller's transaction.
+
+    Records that do not decode, or that the fold refuses, become dead letters with their
+    reason; the partition's next offset is saved for ``consumer`` with the rest.
+    """
+    outcome = _Outcome()
+    candidates: list[tuple[Event, str, bytes]] = []
+    for record in records:
+        source = f"{tp.topic}/{tp.partition}@{record.offset}"
+        try:
+            candidates.append((decode_record(record), source, record.value))
+        except InvalidEventError as exc:
+            outcome.dead.append(DeadLetter(source, exc.reason, record.value))
+    try:
+        async with conn.transaction():  # the whole batch at once: the common case
+            await pg.apply_events(conn, schema, [c[0] for c in candidates])
+        outcome.applied.extend(c[0] for c in candidates)
+    except InvalidEventError:
+        # something in it was refused: one savepoint per event, so it fails alone
+        for event, source, raw in candidates:
+            try:
+                async with conn.transaction():
+                    await pg.apply_events(conn, schema, [event])
+            except InvalidEventError as exc:
+                outcome.dead.append(
+                    DeadLetter(source, exc.reason, raw, event.event_id, type(exc).__name__)
+                )
+            else:
+                outcome.applied.append(event)
+    for letter in outcome.dead:
+        await pg.add_dead_letter(
+            conn,
+            schema,
+            source=letter.source,
+            reason=letter.reason,
+            raw=None if letter.raw is None else letter.raw.decode("utf-8", "replace"),
+            event_id=letter.event_id,
+            error_type=letter.error_type,
+        )
+        logger.warning("dead-lettered %s: %s", letter.source, letter.reason)
+    await pg.save_position(conn, schema, consumer, tp.topic, tp.partition, records[-1].offset + 1)
+    return outcome
+
+
 class _SeekToStoredPositions(ConsumerRebalanceListener):  # type: ignore[misc]
-    def __init__(self, projector: Projector) -> None:
+    def __init__(self, projector: Projector, consumer: AIOKafkaConsumer) -> None:
         self._projector = projector
+        self._consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         return None  # positions are committed with every batch; nothing to flush
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self._projector._seek(assigned)
+        await self._projector._seek(self._consumer, assigned)
 
 
 class Projector:
@@ -117,7 +183,8 @@ class Projector:
             max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
             **self._consumer_options,
         )
-        consumer.subscribe([self.topics.events], listener=_SeekToStoredPositions(self))
+        # the first assignment may come while start() runs: the listener holds the consumer
+        consumer.subscribe([self.topics.events], listener=_SeekToStoredPositions(self, consumer))
         try:
             await consumer.start()
         except KafkaError as exc:
@@ -136,11 +203,41 @@ class Projector:
             await self._pool.close()
             self._pool = None
 
+    def assignment(self) -> set[int]:
+        """The partitions of the events topic this worker holds now."""
+        if self._consumer is None:
+            return set()
+        return {tp.partition for tp in self._consumer.assignment()}
+
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Project until ``stop`` is set (or forever); one bad event never stops it."""
+        """Project until ``stop`` is set (or forever); one bad event never stops it.
+
+        A lost connection fails the round's transaction; the consumer then goes back to
+        the positions stored in PostgreSQL and tries again, so nothing is skipped and the
+        idempotent fold applies nothing twice.
+        """
         stop = stop or asyncio.Event()
+        backoff = 0.1
         while not stop.is_set():
-            await self.step()
+            try:
+                await self.step()
+                backoff = 0.1
+            except (
+                StoreError,
+                KafkaError,
+                OSError,
+                asyncpg.PostgresError,
+                asyncpg.InterfaceError,
+            ) as exc:
+                logger.warning(
+                    "projection round failed (%s: %s); retrying", type(exc).__name__, exc
+                )
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stop.wait(), backoff)  # back off, or stop now
+                backoff = min(backoff * 2, 5.0)
+                if self._consumer is not None:
+                    with contextlib.suppress(Exception):
+                        await self._seek(self._consumer, list(self._consumer.assignment()))
 
     async def step(self) -> int:
         """Fetch one round of records and apply them; return how many were handled."""
@@ -157,74 +254,25 @@ class Projector:
 
     # -- internals -----------------------------------------------------------------------
 
-    async def _seek(self, assigned: Sequence[TopicPartition]) -> None:
-        assert self._pool is not None and self._consumer is not None
+    async def _seek(self, consumer: AIOKafkaConsumer, assigned: Sequence[TopicPartition]) -> None:
+        """Start each assigned partition at the offset stored with the read model."""
+        assert self._pool is not None
         async with self._pool.acquire() as conn:
             stored = await pg.load_positions(conn, self.schema, self.group_id, self.topics.events)
         for tp in assigned:
             if tp.partition in stored:
-                self._consumer.seek(tp, stored[tp.partition])
+                consumer.seek(tp, stored[tp.partition])
             else:
-                await self._consumer.seek_to_beginning(tp)
+                await consumer.seek_to_beginning(tp)
 
     async def _apply_partition(self, tp: TopicPartition, records: Sequence[Any]) -> None:
         """Apply one partition's records and its next offset in one transaction."""
         assert self._pool is not None
-        outcome = _Outcome()
-        candidates: list[tuple[Event, str, bytes]] = []
-        for record in records:
-            source = f"{tp.topic}/{tp.partition}@{record.offset}"
-            try:
-                candidates.append((self._decode(record), source, record.value))
-            except InvalidEventError as exc:
-                outcome.dead.append(DeadLetter(source, exc.reason, record.value))
         async with self._pool.acquire() as conn, conn.transaction():
-            try:
-                async with conn.transaction():  # the whole batch at once: the common case
-                    await pg.apply_events(conn, self.schema, [c[0] for c in candidates])
-                outcome.applied.extend(c[0] for c in candidates)
-            except InvalidEventError:
-                # something in it was refused: one savepoint per event, so it fails alone
-                for event, source, raw in candidates:
-                    try:
-                        async with conn.transaction():
-                            await pg.apply_events(conn, self.schema, [event])
-                    except InvalidEventError as exc:
-                        outcome.dead.append(
-                            DeadLetter(source, exc.reason, raw, event.event_id, type(exc).__name__)
-                        )
-                    else:
-                        outcome.applied.append(event)
-            for letter in outcome.dead:
-                await pg.add_dead_letter(
-                    conn,
-                    self.schema,
-                    source=letter.source,
-                    reason=letter.reason,
-                    raw=None if letter.raw is None else letter.raw.decode("utf-8", "replace"),
-                    event_id=letter.event_id,
-                    error_type=letter.error_type,
-                )
-                logger.warning("dead-lettered %s: %s", letter.source, letter.reason)
-            await pg.save_position(
-                conn, self.schema, self.group_id, tp.topic, tp.partition, records[-1].offset + 1
-            )
+            outcome = await apply_records(conn, self.schema, self.group_id, tp, records)
         self.applied += len(outcome.applied)
         self.dead_lettered += len(outcome.dead)
         await self._after_commit(outcome)
-
-    @staticmethod
-    def _decode(record: Any) -> Event:
-        """The event a record carries, checked against the record's key."""
-        if record.value is None:
-            raise InvalidEventError("a record without a value")
-        event = decode_event(record.value)
-        if record.key != scope_key(event.user_id, event.session_id):
-            raise InvalidEventError(
-                f"record key {record.key!r} is not the scope of the event it carries "
-                f"(session {event.session_id!r}, user {event.user_id!r})"
-            )
-        return event
 
     async def _after_commit(self, outcome: _Outcome) -> None:
         """Dead letters to the DLQ topic and the latest checkpoints to the snapshot topic.

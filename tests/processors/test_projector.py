@@ -1,0 +1,286 @@
+"""The projector against real Kafka and PostgreSQL: dead letters, kills, rebalances, rebuild."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loomflow.producers import EventProducer, scope_key
+from loomflow.runtime import Scope
+from loomflow.schemas import Message, TurnAppended
+from loomflow.schemas.events import MAX_EVENT_BYTES, TurnAppendedPayload
+from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.readmodel import fold_of, in_postgres, log_events
+from tests.support.scenario import Research
+from tests.support.waiting import eventually
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[KafkaEnv]:
+    made = await KafkaEnv.create(partitions=3)
+    yield made
+    await made.close()
+
+
+async def _end_offsets(env: KafkaEnv) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
+        ends = await consumer.end_offsets(partitions)
+        return {tp.partition: offset for tp, offset in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def _caught_up(env: KafkaEnv) -> bool:
+    ends = await _end_offsets(env)
+    positions = await env.positions()
+    return all(positions.get(p, 0) >= end for p, end in ends.items())
+
+
+async def test_bad_records_are_dead_lettered_and_processing_goes_on(env: KafkaEnv) -> None:
+    await env.start_projector()
+    producer = EventProducer(env.bootstrap, env.topics)
+    good = session_events("s1", passes=2)
+    key = scope_key(None, "s1")
+    await producer.send(good[:1])
+    huge = TurnAppended(
+        session_id="s1",
+        run_id="r",
+        seq=2,
+        epoch=1,
+        payload=TurnAppendedPayload(messages=[Message.user("x" * (MAX_EVENT_BYTES + 10))]),
+    )
+    stale = good[1].model_copy(update={"epoch": 0})
+    bad = [
+        (b"{not json", key),
+        (b'{"type": "martian.landed", "session_id": "s1"}', key),
+        (huge.model_dump_json().encode(), key),
+        (good[1].model_dump_json().encode(), scope_key(None, "someone-else")),
+        (stale.model_dump_json().encode(), key),
+    ]
+    for raw, record_key in bad:
+        await producer.send_raw(env.topics.events, raw, key=record_key)
+    await producer.send(good[1:])
+    await producer.stop()
+    await eventually(lambda: _caught_up(env), what="the projector to pass every record")
+
+    runtime = env.runtime()
+    state = await runtime.restore(Scope("s1"))
+    assert state is not None and state.turns == 2 and len(state.messages) == 4
+    await runtime.close()
+
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        letters = await conn.fetch(
+            f'SELECT reason, error_type FROM "{env.schema}".dead_letters ORDER BY id'
+        )
+    finally:
+        await conn.close()
+    reasons = [r["reason"] for r in letters]
+    assert len(reasons) == 5, reasons
+    assert "invalid event" in reasons[0]
+    assert "martian" in reasons[1] or "type" in reasons[1]
+    assert "exceeds" in reasons[2]
+    assert "not the scope" in reasons[3]
+    assert letters[4]["error_type"] == "StaleWriterError"
+
+    dlq = AIOKafkaConsumer(
+        env.topics.dlq, bootstrap_servers=env.bootstrap, auto_offset_reset="earliest"
+    )
+    await dlq.start()
+    try:
+        seen: list[str] = []
+
+        async def read_dlq() -> bool:
+            for records in (await dlq.getmany(timeout_ms=200)).values():
+                seen.extend(dict(r.headers)["reason"].decode() for r in records)
+            return len(seen) >= 5
+
+        await eventually(read_dlq, what="five dead letters on the DLQ topic")
+    finally:
+        await dlq.stop()
+    assert sorted(seen) == sorted(reasons)
+
+
+async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path) -> None:
+    await env.start_projector()
+    runtime = env.runtime(max_checkpoints_per_session=2)
+    research = Research(passes=3)
+    await research.agent(runtime).run("Research.", session_id="a", user_id="alice")
+    await research.agent(runtime).run("Research.", session_id="b")
+    metas = await research.agent(runtime).list_checkpoints("b")
+    await (
+        Research(passes=3)
+        .agent(runtime)
+        .resume("fork", session_id="b", from_checkpoint=metas[-1].checkpoint_id)
+    )
+    await runtime.store.erase("a", user_id="alice")
+    producer = EventProducer(env.bootstrap, env.topics)
+    await producer.send_raw(env.topics.events, b"{junk", key=b"/b")
+    await producer.stop()
+    await eventually(lambda: _caught_up(env), what="the live projection")
+    await runtime.close()
+
+    rebuilt = f"{env.schema}_rb"
+    env.extra_schemas.append(rebuilt)
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
+        env=dict(
+            os.environ,
+            LOOMFLOW_KAFKA_BOOTSTRAP=env.bootstrap,
+            LOOMFLOW_POSTGRES_DSN=env.dsn,
+            LOOMFLOW_TOPIC_PREFIX=f"lf-test-{env.tag}",
+            PYTHONPATH=str(ROOT),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"rebuilt {rebuilt}" in result.stdout
+
+    live = await in_postgres(env.dsn, env.schema)
+    assert live == await in_postgres(env.dsn, rebuilt)
+    assert live == await fold_of(await log_events(env.bootstrap, env.topics))
+    assert len(live) == 3 and live[("alice", "a")]["session"]["status"] == "erased"
+
+    again = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
+        env=dict(os.environ, LOOMFLOW_TOPIC_PREFIX=f"lf-test-{env.tag}", PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 1 and "already holds a read model" in again.stdout
+
+
+async def test_two_workers_share_partitions_and_survive_a_restart(env: KafkaEnv) -> None:
+    first = await env.start_projector()
+    second = await env.start_projector()
+
+    def shared() -> bool:
+        a, b = first.assignment(), second.assignment()
+        return bool(a and b and not a & b and a | b == {0, 1, 2})
+
+    await eventually(shared, what="both workers to hold disjoint partitions")
+
+    producer = EventProducer(env.bootstrap, env.topics)
+    for n in range(20):
+        await producer.send(session_events(f"before-{n}", passes=3))
+    await env.stop_projector(second)
+    for n in range(20):
+        await producer.send(session_events(f"during-{n}", passes=3))
+    await eventually(lambda: first.assignment() == {0, 1, 2}, what="the rebalance to the survivor")
+    third = await env.start_projector()
+    for n in range(20):
+        await producer.send(session_events(f"after-{n}", passes=3))
+    await producer.stop()
+    await eventually(lambda: _caught_up(env), what="the workers to catch up")
+    assert third.assignment() or first.assignment() == {0, 1, 2}
+    expected = await fold_of(await log_events(env.bootstrap, env.topics))
+    assert len(expected) == 60
+    assert await in_postgres(env.dsn, env.schema) == expected
+
+
+async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
+    env: KafkaEnv,
+) -> None:
+    producer = EventProducer(env.bootstrap, env.topics, linger_ms=5)
+    sessions = 400
+    for n in range(0, sessions, 50):
+        batch = [e for k in range(n, n + 50) for e in session_events(f"s{k}", passes=20)]
+        await producer.send(batch)
+    await producer.stop()
+    total = sum((await _end_offsets(env)).values())
+
+    victim = env.processor_process()
+    try:
+        await eventually(
+            lambda: _some_progress(env), within=90, what="the processor to commit a batch"
+        )
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        _, err = victim.communicate(timeout=30)
+    assert victim.returncode == -signal.SIGKILL, err
+    done = sum((await env.positions()).values())
+    assert 0 < done < total, f"the kill did not land mid-run ({done} of {total})"
+
+    survivor = env.processor_process()
+    try:
+        await eventually(lambda: _caught_up(env), within=120, what="the restarted processor")
+    finally:
+        survivor.send_signal(signal.SIGTERM)
+        survivor.communicate(timeout=60)
+    expected = await fold_of(await log_events(env.bootstrap, env.topics))
+    assert len(expected) == sessions
+    model = await in_postgres(env.dsn, env.schema)
+    assert model == expected
+    assert Counter(len(s["checkpoints"]) for s in model.values()) == {3: sessions}
+
+
+async def _some_progress(env: KafkaEnv) -> bool:
+    return sum((await env.positions()).values()) > 0
+
+
+async def test_a_kafka_agent_killed_mid_run_resumes_elsewhere_without_repeats(
+    env: KafkaEnv, tmp_path: Path
+) -> None:
+    await env.start_projector()
+    log = tmp_path / "calls.log"
+    victim = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.crash_worker",
+        str(tmp_path / "unused.db"),
+        "s1",
+        str(log),
+        "--hang-at",
+        "8",
+        "--kafka",
+        f"lf-test-{env.tag}:{env.schema}:{env.group}",
+        env=dict(
+            os.environ,
+            LOOMFLOW_KAFKA_BOOTSTRAP=env.bootstrap,
+            LOOMFLOW_POSTGRES_DSN=env.dsn,
+            PYTHONPATH=str(ROOT),
+        ),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert victim.stdout is not None
+        line = await asyncio.wait_for(victim.stdout.readline(), 90)
+        assert line.decode().strip() == "HANGING"
+    finally:
+        victim.send_signal(signal.SIGKILL)
+        await victim.wait()
+    assert victim.returncode == -signal.SIGKILL
+
+    runtime = env.runtime()
+    research = Research(passes=3)
+    result = await research.agent(runtime).resume(session_id="s1")
+    await runtime.close()
+    killed_run = Counter(log.read_text().splitlines())
+    resumed = [
+        sum(1 for m in request if m.role.value == "assistant")
+        for request in research.models[-1].inner.calls
+    ]
+    assert resumed == [7, 8]
+    assert all(killed_run[f"model {turn}"] == 1 for turn in range(8))
+    for name, count in research.tool_runs.items():
+        assert killed_run[f"tool {name}"] + count == 1, name
+    assert result.turns == 9 and result.restored_turns == 7

@@ -1,0 +1,99 @@
+"""Compare a PostgreSQL read model with the fold of the log it was projected from."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loomflow.errors import InvalidEventError
+from loomflow.producers import Topics
+from loomflow.projections import postgres as pg
+from loomflow.runtime import InProcStore, Scope
+from loomflow.schemas import Event
+from loomflow.schemas.codec import decode_event
+
+Snapshot = dict[tuple[str | None, str], dict[str, Any]]
+
+
+async def log_events(bootstrap: str, topics: Topics) -> list[Event]:
+    """Every decodable event of the events topic, partition by partition, in offset order."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(topics.events, p) for p in range(topics.partitions)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        events: list[Event] = []
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                batch = await consumer.getmany(tp, timeout_ms=1000)
+                for record in batch.get(tp, []):
+                    if record.offset >= ends[tp]:
+                        break
+                    try:
+                        events.append(decode_event(record.value or b""))
+                    except InvalidEventError:
+                        continue  # the projector dead-letters these: no part of the model
+        return events
+    finally:
+        await consumer.stop()
+
+
+async def fold_of(events: list[Event]) -> Snapshot:
+    """The read model the shared fold makes of these events (refused ones skipped)."""
+    store = InProcStore()
+    for event in events:
+        try:
+            await store.append([event])
+        except InvalidEventError:
+            continue
+    snapshot: Snapshot = {}
+    for key, entry in store._sessions.items():
+        snapshot[key] = {
+            "session": asdict(entry.row),
+            "checkpoints": [asdict(c) for c in entry.model.checkpoints],
+            "steps": {k: asdict(v) for k, v in entry.model.steps.items()},
+            "events": [(e.seq, e.event_id) for e in entry.log],
+        }
+    return snapshot
+
+
+async def in_postgres(dsn: str, schema: str) -> Snapshot:
+    """The same shape, read from a PostgreSQL read model."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        keys = await conn.fetch(f'SELECT user_id, session_id FROM "{schema}".sessions')
+        snapshot: Snapshot = {}
+        for uid, sid in keys:
+            user = uid or None
+            row = await pg.load_session(conn, schema, user, sid)
+            assert row is not None
+            checkpoints = await pg.list_checkpoints(conn, schema, user, sid, 1 << 30)
+            step_keys = await conn.fetch(
+                f'SELECT step_key FROM "{schema}".steps WHERE user_id = $1 AND session_id = $2',
+                uid,
+                sid,
+            )
+            steps = {}
+            for (step_key,) in step_keys:
+                step = await pg.get_step(conn, schema, user, sid, step_key)
+                assert step is not None
+                steps[step_key] = asdict(step)
+            events = await pg.read_events(conn, schema, user, sid, 0, 1 << 62)
+            snapshot[(user, sid)] = {
+                "session": asdict(row),
+                "checkpoints": [asdict(c) for c in reversed(checkpoints)],
+                "steps": steps,
+                "events": [(e.seq, e.event_id) for e in events],
+            }
+        return snapshot
+    finally:
+        await conn.close()
+
+
+def scope_of(key: tuple[str | None, str]) -> Scope:
+    return Scope(key[1], key[0])
