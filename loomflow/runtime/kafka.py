@@ -9,6 +9,7 @@ session) raises the same typed error as on the embedded runtimes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -53,19 +54,32 @@ class _Positions:
 
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}
-        self._changed = asyncio.Condition()
+        self._waiters: list[tuple[dict[int, int], asyncio.Future[None]]] = []
 
-    async def advance(self, partition: int, next_offset: int) -> None:
-        async with self._changed:
-            if next_offset > self._seen.get(partition, -1):
-                self._seen[partition] = next_offset
-                self._changed.notify_all()
+    def passed(self, wanted: dict[int, int]) -> bool:
+        return all(self._seen.get(p, -1) > offset for p, offset in wanted.items())
 
-    async def wait_past(self, wanted: dict[int, int]) -> None:
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: all(self._seen.get(p, -1) > o for p, o in wanted.items())
-            )
+    def advance(self, partition: int, next_offset: int) -> None:
+        if next_offset <= self._seen.get(partition, -1):
+            return
+        self._seen[partition] = next_offset
+        waiting = []
+        for wanted, done in self._waiters:
+            if done.done():
+                continue
+            if self.passed(wanted):
+                done.set_result(None)
+            else:
+                waiting.append((wanted, done))
+        self._waiters = waiting
+
+    def waiter(self, wanted: dict[int, int]) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self.passed(wanted):
+            done.set_result(None)
+        else:
+            self._waiters.append((wanted, done))
+        return done
 
 
 class KafkaStore(EventStore):
@@ -113,15 +127,13 @@ class KafkaStore(EventStore):
                 self._listener, self._schema, self.group_id, self.topics.events
             )
             for partition, next_offset in stored.items():
-                await self._positions.advance(partition, next_offset)
+                self._positions.advance(partition, next_offset)
             self._started = True
 
     def _on_position(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         group, topic, partition, next_offset = payload.rsplit(":", 3)
         if group == self.group_id and topic == self.topics.events:
-            asyncio.get_running_loop().create_task(
-                self._positions.advance(int(partition), int(next_offset))
-            )
+            self._positions.advance(int(partition), int(next_offset))
 
     async def close(self) -> None:
         await self._producer.stop()
@@ -140,18 +152,31 @@ class KafkaStore(EventStore):
         await self._verdict(events)
 
     async def _await_projection(self, positions: Sequence[Position]) -> None:
+        """Wait until the projector's committed positions pass ``positions``.
+
+        Notifications wake the wait at once; once a second the positions table is read
+        too, so a lost notification (or a dropped LISTEN connection) only costs latency.
+        """
         wanted: dict[int, int] = {}
         for position in positions:
             wanted[position.partition] = max(wanted.get(position.partition, -1), position.offset)
-        try:
-            async with asyncio.timeout(self.projection_timeout):
-                await self._positions.wait_past(wanted)
-        except TimeoutError as exc:
-            raise StoreError(
-                f"the projector has not applied {self.topics.events} offsets {wanted} within "
-                f"{self.projection_timeout:.0f} s; is `loomflow processor` running against "
-                "the same Kafka and PostgreSQL?"
-            ) from exc
+        done = self._positions.waiter(wanted)
+        deadline = asyncio.get_running_loop().time() + self.projection_timeout
+        while not done.done():
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                done.cancel()
+                raise StoreError(
+                    f"the projector has not applied {self.topics.events} offsets {wanted} "
+                    f"within {self.projection_timeout:.0f} s; is `loomflow processor` running "
+                    "against the same Kafka and PostgreSQL?"
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(done), min(1.0, remaining))
+            if not done.done():
+                stored = await self._reads.positions(self.group_id, self.topics.events)
+                for partition, next_offset in stored.items():
+                    self._positions.advance(partition, next_offset)
 
     async def _verdict(self, events: Sequence[Event]) -> None:
         """Raise the projector's reason if it refused any of our events."""

@@ -310,6 +310,10 @@ class PostgresStore(EventStore):
             )
         )
 
+    async def positions(self, consumer: str, topic: str) -> dict[int, int]:
+        """partition -> next offset the projector group ``consumer`` committed."""
+        return await self._call(pg.load_positions, consumer, topic)
+
     async def refusal(self, event_ids: Sequence[str]) -> tuple[str, str] | None:
         """(error type, reason) of a consumer's refusal of any of these events, or None."""
         return await self._call(pg.find_refusal, list(event_ids))
