@@ -67,6 +67,11 @@ class EventProducer:
         assert self._producer is not None
         return self._producer
 
+    async def partitions_for(self) -> set[int]:
+        """The partitions of the events topic."""
+        producer = await self._ready()
+        return set(await producer.partitions_for(self.topics.events))
+
     async def send(self, events: Sequence[Event]) -> list[Position]:
         """Append events and wait until every broker replica has them (acks=all)."""
         producer = await self._ready()

@@ -270,9 +270,10 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
     return row, mutations
 
 
-def materialise(parts: Iterable[Event]) -> list[Message]:
-    """Rebuild a transcript from a session's events in seq order (others are skipped)."""
-    messages: list[Message] = []
+def materialise(parts: Iterable[Event], start: Sequence[Message] = ()) -> list[Message]:
+    """Rebuild a transcript from a session's events in seq order (others are skipped),
+    continuing ``start`` when given."""
+    messages: list[Message] = list(start)
     for event in parts:
         if isinstance(event, TurnAppended):
             messages.extend(event.payload.messages)

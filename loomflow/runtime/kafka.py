@@ -16,16 +16,21 @@ from datetime import datetime
 from typing import Any
 
 import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow import errors
 from loomflow.errors import InvalidEventError, SequenceConflictError, StoreError
-from loomflow.producers import EventProducer, Position, Topics, ensure_topics
+from loomflow.producers import EventProducer, Position, Topics, ensure_topics, scope_key
+from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
-from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
+from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold, materialise
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
     PruneResult,
+    RestoredState,
     Runtime,
     Scope,
     Serializer,
@@ -33,10 +38,15 @@ from loomflow.runtime.base import (
 )
 from loomflow.runtime.postgres import PostgresStore
 from loomflow.schemas import CheckpointsPruned, Event, Message, new_id
+from loomflow.schemas.codec import decode_event
+from loomflow.schemas.events import MAX_EVENT_BYTES
 
 __all__ = ["KafkaRuntime", "KafkaStore"]
 
 logger = logging.getLogger("loomflow.runtime.kafka")
+
+# the producer's own partitioner: the reader must find the partition the writer chose
+_partitioner = DefaultPartitioner()
 
 _REFUSALS: dict[str, type[InvalidEventError]] = {
     cls.__name__: cls
@@ -105,6 +115,7 @@ class KafkaStore(EventStore):
         self._producer = EventProducer(bootstrap, self.topics)
         self._positions = _Positions()
         self._listener: asyncpg.Connection | None = None
+        self._consumer: AIOKafkaConsumer | None = None
         self._started = False
         self._start_lock = asyncio.Lock()
 
@@ -137,6 +148,9 @@ class KafkaStore(EventStore):
 
     async def close(self) -> None:
         await self._producer.stop()
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -189,8 +203,69 @@ class KafkaStore(EventStore):
         raise _REFUSALS.get(error_type, InvalidEventError)(reason)
 
     async def session(self, scope: Scope) -> SessionRow | None:
+        """The session as the log has it: the read model's row plus unprojected events."""
+        await self.start()
+        row = await self._reads.session(scope)
+        for event in await self.unprojected(scope, row.last_seq if row else 0):
+            try:
+                row, _ = fold(row, event)
+            except InvalidEventError:
+                break  # the projector will refuse it too; nothing after it counts yet
+        return row
+
+    async def projected_session(self, scope: Scope) -> SessionRow | None:
+        """The session's row in the read model, without the events it has not projected."""
         await self.start()
         return await self._reads.session(scope)
+
+    async def unprojected(self, scope: Scope, after_seq: int) -> list[Event]:
+        """The scope's events past ``after_seq`` that are in Kafka but not yet projected.
+
+        Empty unless the projector lags: then the session's partition is read from the
+        projector's committed offset to its end, so a resume never waits for the read
+        model to catch up (it costs a read of the lagging part of one partition).
+        """
+        await self.start()
+        key = scope_key(scope.user_id, scope.session_id)
+        partitions = sorted(await self._producer.partitions_for())
+        partition = _partitioner(key, partitions, partitions)
+        tp = TopicPartition(self.topics.events, partition)
+        committed = (await self._reads.positions(self.group_id, self.topics.events)).get(
+            partition, 0
+        )
+        reader = await self._reader()
+        end = (await reader.end_offsets([tp]))[tp]
+        if committed >= end:
+            return []
+        reader.assign([tp])
+        reader.seek(tp, committed)
+        later: list[Event] = []
+        while await reader.position(tp) < end:
+            for record in (await reader.getmany(tp, timeout_ms=1000)).get(tp, []):
+                if record.offset >= end or record.key != key:
+                    continue
+                try:
+                    event = decode_event(record.value or b"")
+                except InvalidEventError:
+                    continue  # dead-lettered by the projector; never part of the session
+                if event.seq > after_seq:
+                    later.append(event)
+        return sorted(later, key=lambda e: e.seq)
+
+    async def _reader(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                enable_auto_commit=False,
+                max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+            )
+            try:
+                await consumer.start()
+            except KafkaError as exc:
+                await consumer.stop()
+                raise unreachable(self.bootstrap, exc) from exc
+            self._consumer = consumer
+        return self._consumer
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         await self.start()
@@ -268,6 +343,33 @@ class KafkaStore(EventStore):
 
 class KafkaRuntime(Runtime):
     """Durable runs over a shared Kafka log and a PostgreSQL read model."""
+
+    store: KafkaStore
+
+    async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:
+        """The session from the read model plus the log's events it has not projected yet."""
+        if checkpoint_id is not None:
+            return await super().restore(scope, checkpoint_id)  # projected with all it covers
+        row = await self.store.projected_session(scope)
+        messages: list[Message] = []
+        if row is not None and row.status != "erased":
+            messages = await self._transcript(scope, row.base_seq, row.last_seq, row.message_count)
+        for event in await self.store.unprojected(scope, row.last_seq if row else 0):
+            try:
+                row, _ = fold(row, event)
+            except InvalidEventError:
+                break  # the projector will refuse it too; nothing after it counts yet
+            messages = materialise([event], messages)
+        if row is None or row.status == "erased":
+            return None
+        return RestoredState(
+            messages=messages,
+            turns=row.turns,
+            usage=row.usage,
+            seq=row.last_seq,
+            checkpoint_id=None,
+            session=row,
+        )
 
     def __init__(
         self,
