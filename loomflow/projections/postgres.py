@@ -46,7 +46,7 @@ from loomflow.projections.fold import (
     StepRow,
     fold,
 )
-from loomflow.projections.sqlite import _parts, _TranscriptPart
+from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message, Usage
 from loomflow.schemas.codec import decode_event
 
@@ -736,19 +736,7 @@ async def read_transcript(
         hi,
         TRANSCRIPT_TYPES,
     )
-    try:
-        parts = _parts.validate_json("[" + ",".join(row[1] for row in rows) + "]")
-    except ValidationError:
-        for seq, payload in rows:  # find the row to blame
-            try:
-                _TranscriptPart.model_validate_json(payload)
-            except ValidationError as exc:
-                raise CorruptRecordError(
-                    f"log row of session {session_id!r}, seq {seq} does not decode: "
-                    f"{exc.errors()[0]['msg']}"
-                ) from exc
-        raise
-    return [message for part in parts for message in part.messages]
+    return decode_transcript(session_id, [(row[0], row[1]) for row in rows])
 
 
 async def prune(

@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from loomflow.errors import CorruptRecordError, StoreError
 from loomflow.projections.fold import (
@@ -30,6 +29,7 @@ from loomflow.projections.fold import (
     SessionRow,
     StepRow,
 )
+from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message, Usage
 from loomflow.schemas.codec import decode_event
 
@@ -342,16 +342,6 @@ def read_events(
     return events
 
 
-class _TranscriptPart(BaseModel):
-    """The part of a transcript event that a transcript read needs: its messages."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    messages: list[Message]
-
-
-_parts = TypeAdapter(list[_TranscriptPart])
-
-
 def read_transcript(
     conn: sqlite3.Connection, user_id: str | None, session_id: str, lo: int, hi: int
 ) -> list[Message]:
@@ -365,19 +355,7 @@ def read_transcript(
         "ORDER BY seq",
         (_uid(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
     ).fetchall()
-    try:
-        parts = _parts.validate_json("[" + ",".join(row[1] for row in rows) + "]")
-    except ValidationError:
-        for seq, payload in rows:  # find the row to blame
-            try:
-                _TranscriptPart.model_validate_json(payload)
-            except ValidationError as exc:
-                raise CorruptRecordError(
-                    f"log row of session {session_id!r}, seq {seq} does not decode: "
-                    f"{exc.errors()[0]['msg']}"
-                ) from exc
-        raise
-    return [message for part in parts for message in part.messages]
+    return decode_transcript(session_id, [(row[0], row[1]) for row in rows])
 
 
 def apply(

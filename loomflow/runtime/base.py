@@ -163,6 +163,31 @@ class TranscriptCache:
                 entry.messages.extend(event.payload.messages)
             entry.seq = event.seq
 
+    async def read(
+        self,
+        key: tuple[str | None, str],
+        base_seq: int,
+        upto_seq: int,
+        message_count: int,
+        fetch: Callable[[int, int], Awaitable[list[Message]]],
+    ) -> list[Message]:
+        """The transcript at ``upto_seq``: from memory, extended by what another writer
+        added since (``fetch(lo, hi)`` reads the log's transcript rows lo..hi), or read
+        whole from ``base_seq``."""
+        cached = self.lookup(key, base_seq)
+        if cached is None:
+            messages = await fetch(base_seq, upto_seq)
+            self.store(key, base_seq, upto_seq, list(messages))
+            return messages
+        if cached.seq < upto_seq:
+            seq = cached.seq
+            added = await fetch(seq + 1, upto_seq)
+            if self.lookup(key, base_seq) is not cached or cached.seq != seq:
+                return await fetch(base_seq, upto_seq)  # it changed while we read
+            cached.messages.extend(added)
+            cached.seq = upto_seq
+        return cached.messages[:message_count]
+
     def forget(self, key: tuple[str | None, str] | None = None) -> None:
         if key is None:
             self._entries.clear()

@@ -171,27 +171,11 @@ class SqliteStore(EventStore):
     async def transcript(
         self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
     ) -> list[Message]:
+        async def fetch(lo: int, hi: int) -> list[Message]:
+            return await self._call(sql.read_transcript, scope.user_id, scope.session_id, lo, hi)
+
         key = (scope.user_id, scope.session_id)
-        cached = self._cache.lookup(key, base_seq)
-        if cached is None:
-            messages = await self._call(
-                sql.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
-            )
-            self._cache.store(key, base_seq, upto_seq, list(messages))
-            return messages
-        if cached.seq < upto_seq:  # another writer went on: read only what it added
-            seq = cached.seq
-            added = await self._call(
-                sql.read_transcript, scope.user_id, scope.session_id, seq + 1, upto_seq
-            )
-            if self._cache.lookup(key, base_seq) is cached and cached.seq == seq:
-                cached.messages.extend(added)
-                cached.seq = upto_seq
-            else:
-                return await self._call(
-                    sql.read_transcript, scope.user_id, scope.session_id, base_seq, upto_seq
-                )
-        return cached.messages[:message_count]
+        return await self._cache.read(key, base_seq, upto_seq, message_count, fetch)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
         return await self._call(sql.get_step, scope.user_id, scope.session_id, step_key)

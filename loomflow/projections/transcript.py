@@ -1,0 +1,43 @@
+"""Decoding a transcript from the payloads of its events, for every dialect."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+
+from loomflow.errors import CorruptRecordError
+from loomflow.schemas import Message
+
+__all__ = ["decode_transcript"]
+
+
+class _TranscriptPart(BaseModel):
+    """The part of a transcript event that a transcript read needs: its messages."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+    messages: list[Message]
+
+
+_parts = TypeAdapter(list[_TranscriptPart])
+
+
+def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[Message]:
+    """Messages of (seq, payload JSON) rows in seq order, validated in one pass.
+
+    The first row must be the transcript's base (or the session's first event), so
+    concatenation is the whole fold. A row that does not decode is named by its seq.
+    """
+    try:
+        parts = _parts.validate_json("[" + ",".join(row[1] for row in rows) + "]")
+    except ValidationError:
+        for seq, payload in rows:  # find the row to blame
+            try:
+                _TranscriptPart.model_validate_json(payload)
+            except ValidationError as exc:
+                raise CorruptRecordError(
+                    f"log row of session {session_id!r}, seq {seq} does not decode: "
+                    f"{exc.errors()[0]['msg']}"
+                ) from exc
+        raise
+    return [message for part in parts for message in part.messages]
