@@ -17,6 +17,7 @@ from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
+    GroupCommit,
     PruneResult,
     Runtime,
     Scope,
@@ -111,8 +112,7 @@ class PostgresStore(EventStore):
         self._opening = asyncio.Lock()
         self._closed = False
         self._cache = TranscriptCache()
-        self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._writes = GroupCommit(lambda batches: self._call(_commit_round, batches), self._cache)
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redact(self.dsn)!r}, schema={self.schema!r})"
@@ -200,44 +200,7 @@ class PostgresStore(EventStore):
         if not events:
             return
         await self._ready()  # fail here, not in the drainer, when the store cannot open
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._pending.append((list(events), done))
-        if self._drainer is None or self._drainer.done():
-            self._drainer = loop.create_task(self._drain())
-        await done
-
-    async def _drain(self) -> None:
-        """Commit everything queued, one transaction per round, until the queue is empty."""
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                outcomes = await self._call(_commit_round, [events for events, _ in batch])
-            except BaseException as exc:
-                for events, done in batch:  # the outcome may be unknown: read them again
-                    self._forget(events)
-                    if done.done():
-                        continue
-                    if isinstance(exc, asyncio.CancelledError):
-                        done.cancel()
-                    else:
-                        done.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (events, done), outcome in zip(batch, outcomes, strict=True):
-                if outcome is None:
-                    self._cache.follow(events)
-                    if not done.done():
-                        done.set_result(None)
-                else:
-                    self._forget(events)
-                    if not done.done():
-                        done.set_exception(outcome)
-
-    def _forget(self, events: list[Event]) -> None:
-        for event in events:
-            self.forget(event)
+        await self._writes.append(list(events))
 
     def forget(self, event: Event) -> None:
         """Drop what the transcript cache holds of the event's session."""

@@ -18,6 +18,7 @@ from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
+    GroupCommit,
     PruneResult,
     Runtime,
     Scope,
@@ -51,8 +52,9 @@ class SqliteStore(EventStore):
         self._conn: sqlite3.Connection | None = None
         self._closed = False
         self._cache = TranscriptCache()
-        self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
-        self._drainer: asyncio.Task[None] | None = None
+        self._writes = GroupCommit(
+            lambda batches: self._call(_append_batches, batches), self._cache
+        )
 
     # -- thread plumbing ---------------------------------------------------------------
 
@@ -107,44 +109,7 @@ class SqliteStore(EventStore):
             return
         if self._closed:
             raise StoreError(f"the SQLite store {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._pending.append((list(events), done))
-        if self._drainer is None or self._drainer.done() or self._drainer.get_loop() is not loop:
-            self._drainer = loop.create_task(self._drain())
-        await done
-
-    async def _drain(self) -> None:
-        """Commit everything queued, one transaction per round, until the queue is empty."""
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                outcomes = await self._call(_append_batches, [events for events, _ in batch])
-            except BaseException as exc:
-                for events, done in batch:
-                    self._forget(events)
-                    if done.done():
-                        continue
-                    if isinstance(exc, asyncio.CancelledError):
-                        done.cancel()
-                    else:
-                        done.set_exception(exc)
-                if isinstance(exc, asyncio.CancelledError):
-                    raise
-                continue
-            for (events, done), outcome in zip(batch, outcomes, strict=True):
-                if outcome is None:
-                    self._cache.follow(events)
-                    if not done.done():
-                        done.set_result(None)
-                else:
-                    self._forget(events)
-                    if not done.done():
-                        done.set_exception(outcome)
-
-    def _forget(self, events: list[Event]) -> None:
-        for event in events:
-            self._cache.forget((event.user_id, event.session_id))
+        await self._writes.append(list(events))
 
     async def prune(
         self,
