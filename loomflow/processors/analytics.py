@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loomflow.errors import InvalidEventError
+from loomflow.producers import scope_key
 from loomflow.schemas import RunFinished, RunStarted, TurnAppended
 from loomflow.schemas.codec import decode_event
 
@@ -13,9 +14,9 @@ __all__ = ["RunTransition", "UsageDelta", "run_transition", "usage_delta"]
 
 @dataclass(frozen=True)
 class UsageDelta:
-    """What one turn cost, for the per-user usage table."""
+    """What one turn cost, for the per-session usage table."""
 
-    user: str
+    scope: str
     tokens: int
     cost_usd: float
 
@@ -28,6 +29,11 @@ class RunTransition:
     running: bool
 
 
+def _scope(user_id: str | None, session_id: str) -> str:
+    # the same text as the log's record key, so tables partition like the log
+    return scope_key(user_id, session_id).decode()
+
+
 def usage_delta(raw: bytes | None) -> UsageDelta | None:
     """The usage a record adds, or None when it adds none (or does not decode)."""
     try:
@@ -37,7 +43,7 @@ def usage_delta(raw: bytes | None) -> UsageDelta | None:
     if not isinstance(event, TurnAppended) or not event.payload.model_call:
         return None
     usage = event.payload.usage
-    return UsageDelta(event.user_id or "", usage.total_tokens, usage.cost_usd)
+    return UsageDelta(_scope(event.user_id, event.session_id), usage.total_tokens, usage.cost_usd)
 
 
 def run_transition(raw: bytes | None) -> RunTransition | None:
@@ -46,7 +52,7 @@ def run_transition(raw: bytes | None) -> RunTransition | None:
         event = decode_event(raw or b"")
     except InvalidEventError:
         return None
-    scope = f"{event.user_id or ''}/{event.session_id}"
+    scope = _scope(event.user_id, event.session_id)
     if isinstance(event, RunStarted):
         return RunTransition(scope, True)
     if isinstance(event, RunFinished) or event.type in ("run.failed", "session.erased"):

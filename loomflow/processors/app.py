@@ -60,7 +60,8 @@ def create_app(
         broker_heartbeat_interval=1.0,
     )
     events = app.topic(topics.events, key_type=bytes, value_type=bytes)
-    usage = app.Table("usage-by-user", default=float, partitions=topics.partitions)
+    # keyed like the log (by session scope), so each worker updates the keys it owns
+    usage = app.Table("usage-by-session", default=float, partitions=topics.partitions)
     running = app.Table("runs-in-flight", default=bool, partitions=topics.partitions)
     projector = Projector(
         bootstrap, dsn, topics=topics, schema=schema, group_id=f"{app_id}-projector"
@@ -87,7 +88,7 @@ def create_app(
         async for raw in stream:
             delta = usage_delta(raw)
             if delta is not None:
-                usage[delta.user] += delta.cost_usd
+                usage[delta.scope] += delta.cost_usd
 
     @app.agent(events)
     async def crash_watch(stream: faust.StreamT[bytes]) -> None:

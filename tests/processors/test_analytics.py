@@ -22,7 +22,11 @@ def _turn(model_call: bool) -> bytes:
 
 def test_usage_comes_from_model_turns_only() -> None:
     delta = usage_delta(_turn(True))
-    assert delta is not None and (delta.user, delta.tokens, delta.cost_usd) == ("alice", 15, 0.25)
+    assert delta is not None and (delta.scope, delta.tokens, delta.cost_usd) == (
+        "alice/s",
+        15,
+        0.25,
+    )
     assert usage_delta(_turn(False)) is None
     assert usage_delta(b"{broken") is None
     assert usage_delta(None) is None
