@@ -5,6 +5,9 @@
 
 Every (store, variant, repetition) runs in a fresh process that prints one JSON line;
 this parent only schedules them and prints the median and (min-max) over repetitions.
+The default stores include lf-pg / lf-pg-keepall when LOOMFLOW_POSTGRES_DSN is set, and
+lf-kafka (KafkaRuntime with its projector as a task in the measuring process) when
+LOOMFLOW_KAFKA_BOOTSTRAP is set too (``dev/services.sh start`` prints both).
 The peers live in their own venv (.cache/bench-peers, built here on first use) because
 PyPI's ``loomflow`` 0.20.0 is an unrelated project whose name clashes with ours.
 """
@@ -12,6 +15,7 @@ PyPI's ``loomflow`` 0.20.0 is an unrelated project whose name clashes with ours.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -34,7 +38,20 @@ from bench.workload import SYSTEM_PROMPT, VARIANTS, Adapter, PassContent, child_
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / ".cache" / "bench-peers"
 PEER_RUNNER = REPO / "bench" / "peer_runner.py"
-OUR_STORES = ("lf-inproc", "lf-sqlite", "lf-sqlite-keepall", "lf-pg", "lf-pg-keepall")
+OUR_STORES = (
+    "lf-inproc",
+    "lf-sqlite",
+    "lf-sqlite-keepall",
+    "lf-pg",
+    "lf-pg-keepall",
+    "lf-kafka",
+)
+#: store -> the environment variables it needs (the services it talks to)
+SERVICE_ENV: dict[str, tuple[str, ...]] = {
+    "lf-pg": ("LOOMFLOW_POSTGRES_DSN",),
+    "lf-pg-keepall": ("LOOMFLOW_POSTGRES_DSN",),
+    "lf-kafka": ("LOOMFLOW_POSTGRES_DSN", "LOOMFLOW_KAFKA_BOOTSTRAP"),
+}
 #: peer store -> the pip requirements it needs in the peers venv
 PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "lg-sqlite": ("langgraph-checkpoint-sqlite==3.1.2", "aiosqlite"),
@@ -61,10 +78,13 @@ class LoomflowAdapter(Adapter):
 
     The checkpoint event carries no messages; ``get_checkpoint`` materialises the
     transcript from the log, which is what a resume reads.
+
+    ``lf-kafka`` runs its projector as a task in this same process, on topics and a
+    schema of its own; each append returns once that projector has applied it.
     """
 
     def __init__(self, store: str, tmp: Path, schema: str | None = None) -> None:
-        from loomflow.runtime import InProcRuntime, PostgresRuntime, SqliteRuntime
+        from loomflow.runtime import InProcRuntime, KafkaRuntime, PostgresRuntime, SqliteRuntime
 
         path = tmp / "lf.db"
         self.store_name, self.tmp = store, tmp
@@ -83,6 +103,20 @@ class LoomflowAdapter(Adapter):
                 schema=self.schema,
                 max_checkpoints_per_session=0 if store == "lf-pg-keepall" else 20,
             )
+        elif store == "lf-kafka":
+            from loomflow.producers import Topics
+
+            # topic names allow the schema's characters: one name ties topics, schema, group
+            self.topics = Topics.prefixed(self.schema, partitions=KAFKA_PARTITIONS)
+            self.group = f"{self.schema}-projector"
+            self.runtime = KafkaRuntime(
+                _kafka_bootstrap(),
+                _postgres_dsn(),
+                topics=self.topics,
+                schema=self.schema,
+                group_id=self.group,
+            )
+            self._projecting: tuple[Any, asyncio.Event, asyncio.Task[None]] | None = None
         else:
             raise ValueError(f"unknown store {store!r}")
         self.retain = self.runtime.max_checkpoints_per_session
@@ -92,6 +126,12 @@ class LoomflowAdapter(Adapter):
     async def open(self) -> None:
         if self.store_name.startswith("lf-pg"):
             await self.runtime.store.open()  # connect and migrate before anything is timed
+        elif self.store_name == "lf-kafka":
+            # topics, producer, migration and listener first, then the projector: nothing
+            # of the setup is timed, and the first put does not wait for a group join
+            await self.runtime.store.start()
+            if not self.drops_schema:  # the writing instance; a reopened one only reads
+                self._projecting = await _start_projector(self.topics, self.schema, self.group)
 
     async def seed(self, index: int) -> _Session:
         from loomflow.runtime import Scope
@@ -156,7 +196,13 @@ class LoomflowAdapter(Adapter):
 
     async def close(self) -> None:
         await self.runtime.close()
-        if self.store_name.startswith("lf-pg") and self.drops_schema:
+        if self.store_name == "lf-kafka" and self._projecting is not None:
+            projector, stop, task = self._projecting
+            stop.set()
+            await task
+            await projector.stop()
+            self._projecting = None
+        if self.store_name.startswith(("lf-pg", "lf-kafka")) and self.drops_schema:
             import asyncpg
 
             conn = await asyncpg.connect(_postgres_dsn())
@@ -164,11 +210,80 @@ class LoomflowAdapter(Adapter):
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
             finally:
                 await conn.close()
+        if self.store_name == "lf-kafka" and self.drops_schema:
+            from aiokafka.admin import AIOKafkaAdminClient
+
+            admin = AIOKafkaAdminClient(bootstrap_servers=_kafka_bootstrap())
+            await admin.start()
+            try:
+                topics = self.topics
+                await admin.delete_topics([topics.events, topics.snapshots, topics.dlq])
+            finally:
+                await admin.close()
+
+    async def disk_bytes(self) -> int | None:
+        if not self.store_name.startswith(("lf-pg", "lf-kafka")):
+            return await super().disk_bytes()
+        import asyncpg
+
+        # the read model only: tables with their indexes and TOAST (lf-kafka's log in
+        # Kafka is not counted)
+        conn = await asyncpg.connect(_postgres_dsn())
+        try:
+            size = await conn.fetchval(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'm')",
+                self.schema,
+            )
+        finally:
+            await conn.close()
+        return int(size)
 
     def reopen(self) -> Adapter | None:
         if self.store_name == "lf-inproc":
             return None
         return type(self)(self.store_name, self.tmp, self.schema)
+
+
+KAFKA_PARTITIONS = 6
+ASSIGNMENT_TIMEOUT_S = 60.0
+
+
+async def _start_projector(
+    topics: Any, schema: str, group: str
+) -> tuple[Any, asyncio.Event, asyncio.Task[None]]:
+    """A projector task in this process, with the defaults of ``loomflow processor``.
+
+    Returns once the projector holds every partition, so no put waits for the join.
+    """
+    from loomflow.processors import Projector
+
+    projector = Projector(
+        _kafka_bootstrap(), _postgres_dsn(), topics=topics, schema=schema, group_id=group
+    )
+    await projector.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(projector.run(stop))
+    deadline = time.monotonic() + ASSIGNMENT_TIMEOUT_S
+    while projector.assignment() != set(range(topics.partitions)):
+        if time.monotonic() > deadline or task.done():
+            stop.set()
+            await task
+            await projector.stop()
+            raise RuntimeError(f"the projector got no full assignment of {topics.events}")
+        await asyncio.sleep(0.02)
+    return projector, stop, task
+
+
+def _kafka_bootstrap() -> str:
+    bootstrap = os.environ.get("LOOMFLOW_KAFKA_BOOTSTRAP")
+    if not bootstrap:
+        raise RuntimeError(
+            "lf-kafka needs LOOMFLOW_KAFKA_BOOTSTRAP (and LOOMFLOW_POSTGRES_DSN): run "
+            "`dev/services.sh start` and export what it prints"
+        )
+    return bootstrap
 
 
 def _postgres_dsn() -> str:
@@ -352,6 +467,15 @@ def report(variant: str, stores: list[str], results: dict[str, list[dict[str, An
                 parts.append(f"{label} {ratio}")
             out.append(f"  vs {peer:<14} " + "; ".join(parts))
 
+    if "lf-pg" in good and "lf-kafka" in good:
+        out += ["", "ratios, lf-kafka / lf-pg on medians (the same read model, fed by Kafka)"]
+        parts = []
+        for label, key in (*RATIO_KEYS, ("disk", "disk_mb")):
+            parts.append(
+                f"{label} {_ratio(_median(good['lf-kafka'], key), _median(good['lf-pg'], key))}"
+            )
+        out.append("  " + "; ".join(parts))
+
     out += ["", "extra: put p50 over the last 20 passes (largest transcripts); final transcript"]
     out.append("JSON bytes (session 0, in the store's own message model)")
     for store, fine in good.items():
@@ -364,15 +488,33 @@ def report(variant: str, stores: list[str], results: dict[str, list[dict[str, An
     return "\n".join(out)
 
 
+def default_stores() -> list[str]:
+    """Every store whose services are configured; the others are named on stderr."""
+    chosen: list[str] = []
+    skipped: list[str] = []
+    for store in ALL_STORES:
+        missing = [name for name in SERVICE_ENV.get(store, ()) if not os.environ.get(name)]
+        (skipped if missing else chosen).append(store)
+    if skipped:
+        _log(
+            f"skipping {', '.join(skipped)}: set LOOMFLOW_POSTGRES_DSN (and "
+            "LOOMFLOW_KAFKA_BOOTSTRAP for lf-kafka), e.g. from `dev/services.sh start`"
+        )
+    return chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default="single,conc")
-    parser.add_argument("--stores", default=",".join(ALL_STORES))
+    parser.add_argument(
+        "--stores",
+        help="comma-separated; default: every store whose services are configured",
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    stores = [s for s in args.stores.split(",") if s]
+    stores = [s for s in args.stores.split(",") if s] if args.stores else default_stores()
     unknown = [v for v in variants if v not in VARIANTS]
     unknown += [s for s in stores if s not in ALL_STORES]
     if unknown or args.reps < 1:

@@ -125,6 +125,12 @@ class Adapter(ABC):
     async def close(self) -> None:  # noqa: B027
         pass
 
+    async def disk_bytes(self) -> int | None:
+        """The store's footprint once closed: its files' sizes, None when it has none."""
+        if not self.files:
+            return None
+        return sum(p.stat().st_size for p in self.files if p.exists())
+
     def reopen(self) -> Adapter | None:
         """A fresh instance on the same files, as a restarted process would open them."""
         return None
@@ -182,7 +188,7 @@ async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
 
     transcript_bytes = adapter.transcript_json_bytes(adapter.written(handles[0]))
     await adapter.close()
-    disk = sum(p.stat().st_size for p in adapter.files if p.exists()) if adapter.files else None
+    disk = await adapter.disk_bytes()
 
     # a resume after a restart reads with nothing in memory: time that first read too
     cold_gets: list[float] = []
