@@ -161,11 +161,14 @@ class Projector:
         self._producer: EventProducer | None = None
         self.applied = 0
         self.dead_lettered = 0
+        self._snapshots_due: dict[tuple[str | None, str], CheckpointWritten] = {}
+        self._snapshots_wanted = asyncio.Event()
+        self._publisher: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Connect to PostgreSQL (migrating the schema) and join the consumer group."""
         try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=4)
+            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8)
         except (OSError, asyncpg.PostgresError) as exc:
             raise StoreError(
                 f"PostgreSQL is not reachable ({type(exc).__name__}: {exc}); start it with "
@@ -191,8 +194,14 @@ class Projector:
             await consumer.stop()
             raise unreachable(self.bootstrap, exc) from exc
         self._consumer = consumer
+        self._publisher = asyncio.create_task(self._publish_snapshots())
 
     async def stop(self) -> None:
+        if self._publisher is not None:
+            self._publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._publisher
+            self._publisher = None
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -240,17 +249,32 @@ class Projector:
                         await self._seek(self._consumer, list(self._consumer.assignment()))
 
     async def step(self) -> int:
-        """Fetch one round of records and apply them; return how many were handled."""
+        """Fetch one round of records and apply them; return how many were handled.
+
+        Partitions are applied concurrently, each in its own transaction on its own
+        connection: a session lives in one partition, so they never touch the same rows.
+        """
         assert self._consumer is not None, "start() the projector first"
         batches = await self._consumer.getmany(
             timeout_ms=self.poll_ms, max_records=self.max_records
         )
-        handled = 0
-        for tp, records in sorted(batches.items(), key=lambda item: item[0].partition):
-            if records:
-                await self._apply_partition(tp, records)
-                handled += len(records)
-        return handled
+        work = {tp: records for tp, records in batches.items() if records}
+        if not work:
+            return 0
+        outcomes = await asyncio.gather(
+            *(self._apply_partition(tp, records) for tp, records in work.items()),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        # Kafka's own committed offsets only shorten the replay after a restart: the
+        # positions in PostgreSQL stay the truth (the consumer seeks to them)
+        with contextlib.suppress(KafkaError):
+            await self._consumer.commit(
+                {tp: records[-1].offset + 1 for tp, records in work.items()}
+            )
+        return sum(len(records) for records in work.values())
 
     # -- internals -----------------------------------------------------------------------
 
@@ -275,12 +299,12 @@ class Projector:
         await self._after_commit(outcome)
 
     async def _after_commit(self, outcome: _Outcome) -> None:
-        """Dead letters to the DLQ topic and the latest checkpoints to the snapshot topic.
+        """Dead letters to the DLQ topic; checkpoints to the snapshot publisher.
 
         Both happen after the commit: the database is the record of truth for both, and
         a failure here is logged, never a reason to re-apply the batch.
         """
-        assert self._producer is not None and self._pool is not None
+        assert self._producer is not None
         try:
             for letter in outcome.dead:
                 await self._producer.send_raw(
@@ -291,22 +315,38 @@ class Projector:
                         ("source", letter.source.encode()),
                     ],
                 )
-            if not self.publish_snapshots:
-                return
-            latest: dict[tuple[str | None, str], CheckpointWritten] = {}
+        except StoreError as exc:
+            logger.warning("dead-lettering to %s failed: %s", self.topics.dlq, exc)
+        if self.publish_snapshots:
             for event in outcome.applied:
                 if isinstance(event, CheckpointWritten):
-                    latest[(event.user_id, event.session_id)] = event
-            for (user_id, session_id), event in latest.items():
-                snapshot = await self._snapshot(user_id, session_id, event)
-                if snapshot is not None:
-                    await self._producer.send_raw(
-                        self.topics.snapshots,
-                        snapshot.model_dump_json().encode(),
-                        key=scope_key(user_id, session_id),
-                    )
-        except StoreError as exc:
-            logger.warning("publishing after a committed batch failed: %s", exc)
+                    self._snapshots_due[(event.user_id, event.session_id)] = event
+            if self._snapshots_due:
+                self._snapshots_wanted.set()
+
+    async def _publish_snapshots(self) -> None:
+        """Publish the latest checkpoint of each session that wrote one, off the hot path.
+
+        Sessions that checkpoint again before their turn comes are published once, with
+        their newest checkpoint: under load the snapshot topic lags a little, projection
+        never waits for it.
+        """
+        assert self._producer is not None
+        while True:
+            await self._snapshots_wanted.wait()
+            self._snapshots_wanted.clear()
+            due, self._snapshots_due = self._snapshots_due, {}
+            for (user_id, session_id), event in due.items():
+                try:
+                    snapshot = await self._snapshot(user_id, session_id, event)
+                    if snapshot is not None:
+                        await self._producer.send_raw(
+                            self.topics.snapshots,
+                            snapshot.model_dump_json().encode(),
+                            key=scope_key(user_id, session_id),
+                        )
+                except (StoreError, asyncpg.PostgresError, OSError) as exc:
+                    logger.warning("snapshot of session %s failed: %s", session_id, exc)
 
     async def _snapshot(
         self, user_id: str | None, session_id: str, event: CheckpointWritten
