@@ -284,3 +284,31 @@ async def test_a_kafka_agent_killed_mid_run_resumes_elsewhere_without_repeats(
     for name, count in research.tool_runs.items():
         assert killed_run[f"tool {name}"] + count == 1, name
     assert result.turns == 9 and result.restored_turns == 7
+
+
+async def test_a_lost_database_connection_is_retried_without_loss_or_duplicates(
+    env: KafkaEnv,
+) -> None:
+    projector = await env.start_projector()
+    producer = EventProducer(env.bootstrap, env.topics)
+    await producer.send([e for n in range(100) for e in session_events(f"a{n}", passes=5)])
+    await eventually(lambda: _some_progress(env), what="a first committed batch")
+
+    conn = await asyncpg.connect(env.dsn)
+    try:  # cut every connection of the projector's pool, mid-run
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE usename = current_user AND pid <> pg_backend_pid() "
+            "AND datname = current_database()"
+        )
+    finally:
+        await conn.close()
+    assert killed >= 1
+    await producer.send([e for n in range(100) for e in session_events(f"b{n}", passes=5)])
+    await producer.stop()
+
+    await eventually(lambda: _caught_up(env), what="the projector to recover and catch up")
+    expected = await fold_of(await log_events(env.bootstrap, env.topics))
+    assert len(expected) == 200
+    assert await in_postgres(env.dsn, env.schema) == expected
+    assert projector.dead_lettered == 0
