@@ -323,24 +323,30 @@ class EventStore(ABC):
     async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
         """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
         scope = Scope.of(session_id, user_id)
+        payload = SessionErasedPayload(reason="erase requested")
+        return await self._append_admin(scope, SessionErased, payload)
+
+    async def _append_admin(self, scope: Scope, cls: type[Event], payload: Any) -> bool:
+        """Append one event outside any run, at the session's current epoch (so it fences
+        nobody); False when the session does not exist or was erased."""
         for _ in range(8):
             row = await self.session(scope)
             if row is None or row.status == "erased":
                 return False
-            tombstone = SessionErased(
+            event = cls(
                 user_id=scope.user_id,
                 session_id=scope.session_id,
                 run_id=new_id("run"),
                 seq=row.last_seq + 1,
-                epoch=row.epoch,  # erasure fences the current writer without a new epoch
-                payload=SessionErasedPayload(reason="erase requested"),
+                epoch=row.epoch,
+                payload=payload,
             )
             try:
-                await self.append([tombstone])
+                await self.append([event])
             except SequenceConflictError:
-                continue  # a writer appended meanwhile: erase what it wrote too
+                continue  # a writer appended meanwhile: go again after it
             return True
-        raise SequenceConflictError(f"could not erase {scope.describe()}: it keeps changing")
+        raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
 
     async def close(self) -> None:  # noqa: B027 - stores without resources need not close
         """Release connections and threads."""

@@ -21,7 +21,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow import errors
-from loomflow.errors import InvalidEventError, SequenceConflictError, StoreError
+from loomflow.errors import InvalidEventError, StoreError
 from loomflow.producers import EventProducer, Position, Topics, ensure_topics, scope_key
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
@@ -37,7 +37,7 @@ from loomflow.runtime.base import (
     _check_prune_filters,
 )
 from loomflow.runtime.postgres import PostgresStore
-from loomflow.schemas import CheckpointsPruned, Event, Message, new_id
+from loomflow.schemas import CheckpointsPruned, Event, Message
 from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import MAX_EVENT_BYTES
 
@@ -318,27 +318,6 @@ class KafkaStore(EventStore):
             if old and await self._append_admin(scope, CheckpointsPruned, {"checkpoint_ids": old}):
                 checkpoints += len(old)
         return PruneResult(sessions=sessions, checkpoints=checkpoints, events=events)
-
-    async def _append_admin(self, scope: Scope, cls: type[Event], payload: Any) -> bool:
-        """Append an event outside any run, at the session's current epoch."""
-        for _ in range(8):
-            row = await self._reads.session(scope)
-            if row is None or row.status == "erased":
-                return False
-            event = cls(
-                user_id=scope.user_id,
-                session_id=scope.session_id,
-                run_id=new_id("run"),
-                seq=row.last_seq + 1,
-                epoch=row.epoch,
-                payload=payload,
-            )
-            try:
-                await self.append([event])
-            except SequenceConflictError:
-                continue  # a writer appended meanwhile
-            return True
-        raise SequenceConflictError(f"could not prune {scope.describe()}: it keeps changing")
 
 
 class KafkaRuntime(Runtime):
