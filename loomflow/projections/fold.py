@@ -189,34 +189,32 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
     if isinstance(event, SessionForked) and event.seq != 1:
         raise InvalidEventError("session.forked must be the first event of its session")
 
-    row = replace(session, last_seq=event.seq, epoch=event.epoch, updated_at=event.at)
+    # one replace per event: the fold runs for every event a projector consumes
+    changes: dict[str, Any] = {"last_seq": event.seq, "epoch": event.epoch, "updated_at": event.at}
     mutations: list[Mutation] = []
     match event:
         case RunStarted():
-            row = replace(row, status="running", last_run_id=event.run_id)
+            changes.update(status="running", last_run_id=event.run_id)
         case RunFinished():
-            row = replace(row, status="finished")
+            changes["status"] = "finished"
         case RunFailed():
-            row = replace(row, status="failed")
+            changes["status"] = "failed"
         case TurnAppended(payload=p):
-            row = replace(
-                row,
-                turns=row.turns + int(p.model_call),
-                usage=row.usage + p.usage,
-                message_count=row.message_count + len(p.messages),
+            changes.update(
+                turns=session.turns + int(p.model_call),
+                usage=session.usage + p.usage,
+                message_count=session.message_count + len(p.messages),
             )
             mutations.append(AddTranscript(event.seq, False, p.messages))
         case TranscriptCompacted(payload=p):
-            row = replace(
-                row,
-                usage=row.usage + p.usage,
+            changes.update(
+                usage=session.usage + p.usage,
                 message_count=len(p.messages),
                 base_seq=event.seq,
             )
             mutations.append(AddTranscript(event.seq, True, p.messages))
         case SessionForked(payload=p):
-            row = replace(
-                row,
+            changes.update(
                 turns=p.turn,
                 usage=p.cumulative_usage,
                 message_count=len(p.messages),
@@ -232,17 +230,17 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 )
             )
         case CheckpointWritten(payload=p):
-            if p.message_count != row.message_count:
+            if p.message_count != session.message_count:
                 raise InvalidEventError(
                     f"checkpoint {p.checkpoint_id} claims {p.message_count} messages but the "
-                    f"session holds {row.message_count} at seq {event.seq}"
+                    f"session holds {session.message_count} at seq {event.seq}"
                 )
             mutations.append(
                 PutCheckpoint(
                     CheckpointRow(
                         checkpoint_id=p.checkpoint_id,
                         seq=event.seq,
-                        base_seq=row.base_seq,
+                        base_seq=session.base_seq,
                         turn=p.turn,
                         message_count=p.message_count,
                         cumulative_usage=p.cumulative_usage,
@@ -256,17 +254,11 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
         case CheckpointsPruned(payload=p):
             mutations.append(DeleteCheckpoints(p.checkpoint_ids))
         case SessionErased():
-            row = replace(
-                row,
-                status="erased",
-                turns=0,
-                usage=Usage(),
-                message_count=0,
-                base_seq=0,
-            )
+            changes.update(status="erased", turns=0, usage=Usage(), message_count=0, base_seq=0)
             mutations.append(EraseSession())
         case _:
             pass  # signals and future informational events change no projection
+    row = replace(session, **changes)
     return row, mutations
 
 

@@ -72,7 +72,8 @@ class Usage(BaseModel):
     cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(
+        # both sides are validated already; summing needs no second validation
+        return Usage.model_construct(
             input_tokens=self.input_tokens + other.input_tokens,
             cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
             cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,

@@ -224,7 +224,12 @@ async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
         await eventually(lambda: _caught_up(env), within=120, what="the restarted processor")
     finally:
         survivor.send_signal(signal.SIGTERM)
-        survivor.communicate(timeout=60)
+        try:
+            survivor.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            survivor.kill()  # never leave a worker behind
+            survivor.communicate()
+            raise
     expected = await fold_of(await log_events(env.bootstrap, env.topics))
     assert len(expected) == sessions
     model = await in_postgres(env.dsn, env.schema)
