@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from loomflow._demo import WORKER_COMMAND, run_demo, run_worker
+from loomflow.settings import Settings
 
 __all__ = ["main"]
 
@@ -61,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
         "processor",
         help="project the Kafka log into PostgreSQL (a faust-streaming worker)",
         description="Consume loomflow.events, fold it into the PostgreSQL read model, publish "
-        "snapshots, dead-letter bad events. Reads LOOMFLOW_KAFKA_BOOTSTRAP, "
-        "LOOMFLOW_POSTGRES_DSN, LOOMFLOW_SCHEMA and LOOMFLOW_TOPIC_PREFIX.",
+        "snapshots, dead-letter bad events. Configured like KafkaRuntime, by the LOOMFLOW_* "
+        "environment (LOOMFLOW_KAFKA_BOOTSTRAP, LOOMFLOW_POSTGRES_DSN, LOOMFLOW_SCHEMA, "
+        "LOOMFLOW_TOPIC_PREFIX, LOOMFLOW_TOPIC_PARTITIONS, LOOMFLOW_PROCESSOR_ID); with none "
+        "set, both use the same defaults.",
     )
     processor.add_argument(
         "--loglevel",
@@ -73,15 +76,11 @@ def _parser() -> argparse.ArgumentParser:
     rebuild = commands.add_parser(
         "rebuild",
         help="replay the Kafka log from the beginning into an empty PostgreSQL schema",
-        description="Fold every event of the events topic into a new read model schema. "
-        "Reads LOOMFLOW_KAFKA_BOOTSTRAP, LOOMFLOW_POSTGRES_DSN and LOOMFLOW_TOPIC_PREFIX.",
+        description="Fold every event of the events topic into a new read model schema, "
+        "dead-lettering what does not apply. Configured by the LOOMFLOW_* environment, like "
+        "`loomflow processor`; positions are recorded for that processor's group.",
     )
     rebuild.add_argument("--schema", required=True, help="a new or empty schema to fill")
-    rebuild.add_argument(
-        "--consumer",
-        default="loomflow-processor-projector",
-        help="projector group whose positions the rebuild records (default: %(default)s)",
-    )
     worker = commands.add_parser(WORKER_COMMAND)
     worker.add_argument("--db", type=Path, required=True)
     worker.add_argument("--session-id", required=True)
@@ -90,31 +89,53 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_processor(loglevel: str) -> int:
-    from loomflow.processors.app import app
+def _settings() -> Settings | None:
+    """The LOOMFLOW_* settings, or None after printing why they do not validate."""
+    from pydantic import ValidationError
 
+    try:
+        return Settings()
+    except ValidationError as exc:
+        print(f"loomflow: invalid LOOMFLOW_* setting: {exc}", file=sys.stderr)
+        return None
+
+
+def _run_processor(loglevel: str) -> int:
+    import asyncio
+
+    from loomflow.errors import StoreError
+    from loomflow.producers import Topics, ensure_topics
+
+    settings = _settings()
+    if settings is None:
+        return 2
+    # the topics exist, with the log's configuration, before faust's agents subscribe
+    try:
+        asyncio.run(ensure_topics(settings.kafka_bootstrap, Topics.from_settings(settings)))
+    except StoreError as exc:
+        print(f"loomflow processor: {exc}", file=sys.stderr)
+        return 1
+    from loomflow.processors.app import create_app
+
+    app = create_app(settings)
     # faust's worker reads its own command line; no web server, whatever faust defaults to
     sys.argv = ["loomflow processor", "worker", "--without-web", "--loglevel", loglevel]
     app.main()
     return 0
 
 
-def _run_rebuild(schema: str, consumer: str) -> int:
+def _run_rebuild(schema: str) -> int:
     import asyncio
-    import os
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from loomflow.errors import LoomflowError
     from loomflow.processors.rebuild import rebuild
-    from loomflow.producers import Topics
 
-    prefix = os.environ.get("LOOMFLOW_TOPIC_PREFIX")
-    bootstrap = os.environ.get("LOOMFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    dsn = os.environ.get(
-        "LOOMFLOW_POSTGRES_DSN", "postgresql://loomflow:loomflow@127.0.0.1:5432/loomflow"
-    )
+    settings = _settings()
+    if settings is None:
+        return 2
     console = Console()
     with Progress(
         "[progress.description]{task.description}",
@@ -127,11 +148,8 @@ def _run_rebuild(schema: str, consumer: str) -> int:
         try:
             result = asyncio.run(
                 rebuild(
-                    bootstrap,
-                    dsn,
-                    topics=Topics.prefixed(prefix) if prefix else Topics(),
+                    settings,
                     schema=schema,
-                    consumer=consumer,
                     progress=lambda done, total: bar.update(task, completed=done, total=total),
                 )
             )
@@ -153,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "processor":
         return _run_processor(args.loglevel)
     if args.command == "rebuild":
-        return _run_rebuild(args.schema, args.consumer)
+        return _run_rebuild(args.schema)
     return run_worker(args.db, args.session_id, args.backend, args.model)
 
 

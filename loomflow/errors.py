@@ -9,6 +9,7 @@ __all__ = [
     "InvalidIdError",
     "LoomflowError",
     "ModelError",
+    "ProjectionTimeoutError",
     "SequenceConflictError",
     "SerializationError",
     "SessionErasedError",
@@ -60,6 +61,13 @@ class SessionErasedError(InvalidEventError):
 
 class StoreError(LoomflowError):
     """The store cannot be opened, read or written."""
+
+
+class ProjectionTimeoutError(StoreError):
+    """The read model did not catch up with the log in time (is the processor running?).
+
+    Retriable: what was appended is durable in the log; try the read again later.
+    """
 
 
 class CorruptRecordError(StoreError):

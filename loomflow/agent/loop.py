@@ -258,6 +258,9 @@ class _Run:
         except BaseException as exc:
             await self._record_failure(exc)
             raise
+        # once the run returns, every process reads its checkpoints (on Kafka: the one
+        # wait for the projector at the end of a run); a refusal of any event raises here
+        await self.writer.confirm()
         return self._result(output)
 
     async def _pass(self) -> None:

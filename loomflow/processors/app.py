@@ -1,49 +1,38 @@
 """The loomflow processor as a faust-streaming app: its topics, tables and agents.
 
 Run it with ``loomflow processor`` or ``faust -A loomflow.processors.app worker
---without-web``. Configuration comes from LOOMFLOW_KAFKA_BOOTSTRAP, LOOMFLOW_POSTGRES_DSN,
-LOOMFLOW_SCHEMA, LOOMFLOW_TOPIC_PREFIX, LOOMFLOW_TOPIC_PARTITIONS and LOOMFLOW_PROCESSOR_ID.
-The projection's hot path is a batch consumer in
-an ``app.task`` (see projector.py); faust's agents do what they are good at: tables.
+--without-web``. Kafka, PostgreSQL, topics, schema and processor id come from
+:class:`loomflow.settings.Settings` (the ``LOOMFLOW_*`` environment), read the same way as
+by ``KafkaRuntime``, so both meet on the same topics and group with no options at all.
+The projection's hot path is a batch consumer in an ``app.task`` (see projector.py);
+faust's agents do what they are good at: tables.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
+import logging
 
 import faust
 
+from loomflow.errors import StoreError
 from loomflow.processors.analytics import run_transition, usage_delta
 from loomflow.processors.projector import Projector
 from loomflow.producers import Topics, ensure_topics
+from loomflow.settings import Settings
 
 __all__ = ["app", "create_app"]
 
+logger = logging.getLogger("loomflow.processors.app")
 
-def create_app(
-    bootstrap: str | None = None,
-    dsn: str | None = None,
-    *,
-    topics: Topics | None = None,
-    schema: str | None = None,
-    app_id: str | None = None,
-) -> faust.App:
-    """Build the processor app; arguments default to the LOOMFLOW_* environment."""
-    bootstrap = bootstrap or os.environ.get("LOOMFLOW_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    dsn = dsn or os.environ.get(
-        "LOOMFLOW_POSTGRES_DSN", "postgresql://loomflow:loomflow@127.0.0.1:5432/loomflow"
-    )
-    if topics is None:
-        prefix = os.environ.get("LOOMFLOW_TOPIC_PREFIX")
-        partitions = int(os.environ.get("LOOMFLOW_TOPIC_PARTITIONS", Topics.partitions))
-        topics = (
-            Topics.prefixed(prefix, partitions=partitions)
-            if prefix
-            else Topics(partitions=partitions)
-        )
-    schema = schema or os.environ.get("LOOMFLOW_SCHEMA", "loomflow")
-    app_id = app_id or os.environ.get("LOOMFLOW_PROCESSOR_ID", "loomflow-processor")
+
+def create_app(settings: Settings | None = None) -> faust.App:
+    """Build the processor app; ``settings`` default to the LOOMFLOW_* environment."""
+    settings = Settings.resolve(settings)
+    topics = Topics.from_settings(settings)
+    app_id = settings.processor_id
+    bootstrap = settings.kafka_bootstrap
 
     app = faust.App(
         app_id,
@@ -63,9 +52,7 @@ def create_app(
     # keyed like the log (by session scope), so each worker updates the keys it owns
     usage = app.Table("usage-by-session", default=float, partitions=topics.partitions)
     running = app.Table("runs-in-flight", default=bool, partitions=topics.partitions)
-    projector = Projector(
-        bootstrap, dsn, topics=topics, schema=schema, group_id=f"{app_id}-projector"
-    )
+    projector = Projector(settings)
 
     stopping = asyncio.Event()
 
@@ -76,8 +63,21 @@ def create_app(
 
     @app.task  # type: ignore[untyped-decorator]
     async def project() -> None:
-        await ensure_topics(bootstrap, topics)
-        await projector.start()
+        # Kafka or PostgreSQL down at start: say so, and keep trying until they answer
+        backoff = 0.5
+        while not stopping.is_set():
+            try:
+                await ensure_topics(bootstrap, topics)
+                await projector.start()
+                break
+            except StoreError as exc:
+                logger.error("cannot start the projector (%s); retrying in %.0f s", exc, backoff)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), backoff)
+                backoff = min(backoff * 2, 10.0)
+        else:
+            return
+        logger.info("projecting %s", settings.describe())
         try:
             await projector.run(stopping)
         finally:

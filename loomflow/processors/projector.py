@@ -5,6 +5,12 @@ per-event machinery costs ~230 µs of CPU an event, a batch loop a few. Exactly-
 effect: each partition's batch is applied in one transaction together with the partition's
 next offset in ``positions``, every write is idempotent by (scope, seq), and on assignment
 the consumer seeks to the offsets stored in PostgreSQL, not to Kafka's committed ones.
+
+Nothing on the topic stops it: a record that does not decode, that the fold refuses, or
+that PostgreSQL refuses as data is dead-lettered (bytes kept whole, with the reason) and
+the partition moves on. Anything else that fails a round (a lost connection, a broker
+restart) is logged and the round is retried from the stored positions, with a bounded
+back-off; the worker itself never ends on an error.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
@@ -24,36 +33,41 @@ from loomflow.errors import InvalidEventError, StoreError
 from loomflow.producers import EventProducer, Topics, scope_key
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
-from loomflow.schemas import Checkpoint, CheckpointWritten, Event
+from loomflow.projections.postgres import DeadLetterRow
+from loomflow.schemas import Checkpoint, CheckpointWritten, Event, RunStarted, SessionErased
 from loomflow.schemas.codec import decode_event
-from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.schemas.events import MAX_EVENT_BYTES, SessionForked
+from loomflow.settings import Settings
 
 __all__ = ["DeadLetter", "Projector", "apply_records", "decode_record"]
 
 logger = logging.getLogger("loomflow.processors.projector")
 
+DeadLetter = DeadLetterRow
 
-@dataclass(frozen=True)
-class DeadLetter:
-    """A record the fold refused, with why."""
+#: Errors that say something about a record, not about the database's health: the record
+#: is dead-lettered. Anything else fails the round, which is retried.
+_REFUSED = (
+    InvalidEventError,
+    asyncpg.DataError,
+    asyncpg.IntegrityConstraintViolationError,
+    asyncpg.ProgramLimitExceededError,
+)
 
-    source: str
-    reason: str
-    raw: bytes | None
-    event_id: str | None = None
-    error_type: str = "InvalidEventError"
+#: How long a stale heartbeat row may stand before a runtime calls its worker gone.
+HEARTBEAT_SECONDS = 2.0
 
 
 @dataclass
 class _Outcome:
     applied: list[Event] = field(default_factory=list)
-    dead: list[DeadLetter] = field(default_factory=list)
+    dead: list[DeadLetterRow] = field(default_factory=list)
 
 
 def decode_record(record: Any) -> Event:
     """The event a record carries, checked against the record's key."""
     if record.value is None:
-        raise InvalidEventError("a record without a value")
+        raise InvalidEventError("a record without a value (a tombstone): not an event")
     event = decode_event(record.value)
     if record.key != scope_key(event.user_id, event.session_id):
         raise InvalidEventError(
@@ -61,6 +75,42 @@ def decode_record(record: Any) -> Event:
             f"(session {event.session_id!r}, user {event.user_id!r})"
         )
     return event
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, InvalidEventError):
+        return exc.reason
+    return f"PostgreSQL refused it ({type(exc).__name__}): {exc}"
+
+
+def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> list[str]:
+    """What runtimes listening on the schema must hear: new epochs and refused events."""
+    notes = [
+        orjson.dumps(
+            {
+                "u": event.user_id,
+                "s": event.session_id,
+                "epoch": event.epoch,
+                "erased": isinstance(event, SessionErased),
+            }
+        ).decode()
+        for event in outcome.applied
+        if isinstance(event, RunStarted | SessionForked | SessionErased)
+    ]
+    notes.extend(
+        orjson.dumps(
+            {
+                "u": event.user_id,
+                "s": event.session_id,
+                "run": event.run_id,
+                "event": event.event_id,
+                "error": letter.error_type,
+                "reason": pg.printable(letter.reason, 2000),
+            }
+        ).decode()
+        for event, letter in refused
+    )
+    return notes
 
 
 async def apply_records(
@@ -72,46 +122,53 @@ async def apply_records(
 ) -> _Outcome:
     """Fold one partition's records into the read model, in the caller's transaction.
 
-    Records that do not decode, or that the fold refuses, become dead letters with their
-    reason; the partition's next offset is saved for ``consumer`` with the rest.
+    Records that do not decode, or that the fold or PostgreSQL refuse, become dead
+    letters with their reason; runtimes hear of new epochs and refused events when the
+    transaction commits; the partition's next offset is saved for ``consumer``.
     """
     outcome = _Outcome()
-    candidates: list[tuple[Event, str, bytes]] = []
+    candidates: list[tuple[Event, Any]] = []
     for record in records:
-        source = f"{tp.topic}/{tp.partition}@{record.offset}"
         try:
-            candidates.append((decode_record(record), source, record.value))
+            candidates.append((decode_record(record), record))
         except InvalidEventError as exc:
-            outcome.dead.append(DeadLetter(source, exc.reason, record.value))
+            outcome.dead.append(_letter(tp, record, exc))
+    refused: list[tuple[Event, DeadLetterRow]] = []
     try:
         async with conn.transaction():  # the whole batch at once: the common case
-            await pg.apply_events(conn, schema, [c[0] for c in candidates])
-        outcome.applied.extend(c[0] for c in candidates)
-    except InvalidEventError:
+            await pg.apply_events(conn, schema, [event for event, _ in candidates])
+        outcome.applied.extend(event for event, _ in candidates)
+    except _REFUSED:
         # something in it was refused: one savepoint per event, so it fails alone
-        for event, source, raw in candidates:
+        for event, record in candidates:
             try:
                 async with conn.transaction():
                     await pg.apply_events(conn, schema, [event])
-            except InvalidEventError as exc:
-                outcome.dead.append(
-                    DeadLetter(source, exc.reason, raw, event.event_id, type(exc).__name__)
-                )
+            except _REFUSED as exc:
+                letter = _letter(tp, record, exc, event)
+                outcome.dead.append(letter)
+                refused.append((event, letter))
             else:
                 outcome.applied.append(event)
+    await pg.add_dead_letters(conn, schema, outcome.dead)
     for letter in outcome.dead:
-        await pg.add_dead_letter(
-            conn,
-            schema,
-            source=letter.source,
-            reason=letter.reason,
-            raw=None if letter.raw is None else letter.raw.decode("utf-8", "replace"),
-            event_id=letter.event_id,
-            error_type=letter.error_type,
-        )
-        logger.warning("dead-lettered %s: %s", letter.source, letter.reason)
+        logger.warning("dead-lettered %s: %s", letter.source, pg.printable(letter.reason, 300))
+    await pg.notify_sessions(conn, schema, _notes(outcome, refused))
     await pg.save_position(conn, schema, consumer, tp.topic, tp.partition, records[-1].offset + 1)
     return outcome
+
+
+def _letter(
+    tp: TopicPartition, record: Any, exc: BaseException, event: Event | None = None
+) -> DeadLetterRow:
+    return DeadLetterRow(
+        source=f"{tp.topic}/{tp.partition}@{record.offset}",
+        reason=_reason(exc),
+        record=record.value,
+        key=record.key,
+        event_id=event.event_id if event is not None else None,
+        error_type=type(exc).__name__ if event is not None else "InvalidEventError",
+    )
 
 
 class _SeekToStoredPositions(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -127,30 +184,33 @@ class _SeekToStoredPositions(ConsumerRebalanceListener):  # type: ignore[misc]
 
 
 class Projector:
-    """One projector worker; several share the partitions through their consumer group."""
+    """One projector worker; several share the partitions through their consumer group.
+
+    Kafka, PostgreSQL, the topics, the schema and the group come from ``settings`` (by
+    default the ``LOOMFLOW_*`` environment, see :class:`loomflow.settings.Settings`), so a
+    projector and a runtime configured the same way meet on the same positions.
+    """
 
     def __init__(
         self,
-        bootstrap: str,
-        dsn: str,
+        settings: Settings | None = None,
         *,
-        topics: Topics | None = None,
-        schema: str = "loomflow",
-        group_id: str = "loomflow-projector",
         max_records: int = 2000,
         poll_ms: int = 100,
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
         publish_snapshots: bool = True,
     ) -> None:
-        self.bootstrap = bootstrap
-        self.dsn = dsn
-        self.topics = topics or Topics()
-        self.schema = schema
-        self.group_id = group_id
+        self.settings = settings = Settings.resolve(settings)
+        self.bootstrap = settings.kafka_bootstrap
+        self.dsn = settings.postgres_dsn
+        self.topics = Topics.from_settings(settings)
+        self.schema = settings.db_schema
+        self.group_id = settings.projector_group
         self.max_records = max_records
         self.poll_ms = poll_ms
         self.publish_snapshots = publish_snapshots
+        self.worker = f"{socket.gethostname()}:{os.getpid()}:{id(self):x}"
         self._consumer_options = {
             "session_timeout_ms": session_timeout_ms,
             "heartbeat_interval_ms": heartbeat_interval_ms,
@@ -161,15 +221,30 @@ class Projector:
         self._producer: EventProducer | None = None
         self.applied = 0
         self.dead_lettered = 0
+        self.failed_rounds = 0
         self._snapshots_due: dict[tuple[str | None, str], CheckpointWritten] = {}
         self._snapshots_wanted = asyncio.Event()
-        self._publisher: asyncio.Task[None] | None = None
+        self._snapshots_idle = asyncio.Event()
+        self._snapshots_idle.set()
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Connect to PostgreSQL (migrating the schema) and join the consumer group."""
+        """Connect to PostgreSQL (migrating the schema) and join the consumer group.
+
+        A start that fails releases what it opened.
+        """
         try:
-            self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8)
-        except (OSError, asyncpg.PostgresError) as exc:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
+        try:
+            self._pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=8, timeout=self.settings.connect_timeout
+            )
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(
                 f"PostgreSQL is not reachable ({type(exc).__name__}: {exc}); start it with "
                 "`dev/postgres.sh start`"
@@ -194,25 +269,37 @@ class Projector:
             await consumer.stop()
             raise unreachable(self.bootstrap, exc) from exc
         self._consumer = consumer
-        self._publisher = asyncio.create_task(self._publish_snapshots())
+        await self._report()
+        self._tasks = [
+            asyncio.create_task(self._publish_snapshots()),
+            asyncio.create_task(self._heartbeat()),
+        ]
 
     async def stop(self) -> None:
-        if self._publisher is not None:
-            self._publisher.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             try:
-                await self._publisher
+                await task
             except asyncio.CancelledError:
                 pass
             except Exception as exc:  # cancelled mid-query, asyncpg raises its own error
-                logger.debug("snapshot publisher stopped with %r", exc)
-            self._publisher = None
+                logger.debug("background task stopped with %r", exc)
+        self._tasks = []
         if self._consumer is not None:
-            await self._consumer.stop()
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
             self._consumer = None
         if self._producer is not None:
-            await self._producer.stop()
+            with contextlib.suppress(Exception):
+                await self._producer.stop()
             self._producer = None
         if self._pool is not None:
+            with contextlib.suppress(Exception):
+                async with self._pool.acquire(timeout=2) as conn:
+                    await pg.forget_processor(
+                        conn, self.schema, self.group_id, self.topics.events, self.worker
+                    )
             await self._pool.close()
             self._pool = None
 
@@ -223,34 +310,38 @@ class Projector:
         return {tp.partition for tp in self._consumer.assignment()}
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Project until ``stop`` is set (or forever); one bad event never stops it.
+        """Project until ``stop`` is set (or forever); nothing on the topic stops it.
 
-        A lost connection fails the round's transaction; the consumer then goes back to
-        the positions stored in PostgreSQL and tries again, so nothing is skipped and the
+        A round that fails (a lost connection, a broker restart, anything unexpected) is
+        logged; the consumer goes back to the positions stored in PostgreSQL and tries
+        again after a back-off that doubles up to 5 s. Nothing is skipped, and the
         idempotent fold applies nothing twice.
         """
         stop = stop or asyncio.Event()
-        backoff = 0.1
+        backoff = 0.05
         while not stop.is_set():
             try:
                 await self.step()
-                backoff = 0.1
-            except (
-                StoreError,
-                KafkaError,
-                OSError,
-                asyncpg.PostgresError,
-                asyncpg.InterfaceError,
-            ) as exc:
+                backoff = 0.05
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.failed_rounds += 1
                 logger.warning(
-                    "projection round failed (%s: %s); retrying", type(exc).__name__, exc
+                    "projection round failed (%s: %s); retrying in %.2f s",
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                    exc_info=not isinstance(exc, StoreError | KafkaError | OSError),
                 )
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)  # back off, or stop now
                 backoff = min(backoff * 2, 5.0)
                 if self._consumer is not None:
-                    with contextlib.suppress(Exception):
+                    try:
                         await self._seek(self._consumer, list(self._consumer.assignment()))
+                    except Exception as again:  # the next round fails and backs off again
+                        logger.debug("could not seek to stored positions: %r", again)
 
     async def step(self) -> int:
         """Fetch one round of records and apply them; return how many were handled.
@@ -279,6 +370,10 @@ class Projector:
                 {tp: records[-1].offset + 1 for tp, records in work.items()}
             )
         return sum(len(records) for records in work.values())
+
+    async def snapshots_published(self) -> None:
+        """Wait until every checkpoint applied so far has been published (or failed to)."""
+        await self._snapshots_idle.wait()  # cleared whenever a snapshot falls due
 
     # -- internals -----------------------------------------------------------------------
 
@@ -309,23 +404,28 @@ class Projector:
         a failure here is logged, never a reason to re-apply the batch.
         """
         assert self._producer is not None
-        try:
-            for letter in outcome.dead:
+        for letter in outcome.dead:
+            headers = [
+                ("reason", pg.printable(letter.reason, 4000).encode()),
+                ("source", letter.source.encode()),
+                ("error_type", letter.error_type.encode()),
+            ]
+            if letter.record is None:
+                headers.append(("null_value", b"true"))  # a null value cannot be resent as one
+            try:
                 await self._producer.send_raw(
-                    self.topics.dlq,
-                    letter.raw,
-                    headers=[
-                        ("reason", letter.reason.encode()),
-                        ("source", letter.source.encode()),
-                    ],
+                    self.topics.dlq, letter.record or b"", key=letter.key, headers=headers
                 )
-        except StoreError as exc:
-            logger.warning("dead-lettering to %s failed: %s", self.topics.dlq, exc)
+            except Exception as exc:
+                logger.warning(
+                    "dead-lettering %s to %s failed: %s", letter.source, self.topics.dlq, exc
+                )
         if self.publish_snapshots:
             for event in outcome.applied:
                 if isinstance(event, CheckpointWritten):
                     self._snapshots_due[(event.user_id, event.session_id)] = event
             if self._snapshots_due:
+                self._snapshots_idle.clear()
                 self._snapshots_wanted.set()
 
     async def _publish_snapshots(self) -> None:
@@ -351,6 +451,8 @@ class Projector:
                         )
                 except Exception as exc:  # a snapshot is an optimisation: log, go on
                     logger.warning("snapshot of session %s failed: %s", session_id, exc)
+            if not self._snapshots_due:
+                self._snapshots_idle.set()
 
     async def _snapshot(
         self, user_id: str | None, session_id: str, event: CheckpointWritten
@@ -374,3 +476,24 @@ class Projector:
             cursor=row.cursor,
             created_at=row.created_at,
         )
+
+    async def _report(self) -> None:
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            await pg.report_processor(
+                conn,
+                self.schema,
+                self.group_id,
+                self.topics.events,
+                self.worker,
+                sorted(self.assignment()),
+            )
+
+    async def _heartbeat(self) -> None:
+        """Tell runtimes that this worker is alive, which group it is and what it holds."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            try:
+                await self._report()
+            except Exception as exc:  # PostgreSQL away: the next beat tries again
+                logger.debug("heartbeat failed: %r", exc)

@@ -16,6 +16,7 @@ from loomflow.producers import Topics
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
 from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.settings import Settings
 
 __all__ = ["RebuildResult", "rebuild"]
 
@@ -30,25 +31,27 @@ class RebuildResult:
 
 
 async def rebuild(
-    bootstrap: str,
-    dsn: str,
+    settings: Settings | None = None,
     *,
-    topics: Topics | None = None,
     schema: str,
-    consumer: str = "loomflow-projector",
     batch: int = 2000,
     progress: Progress | None = None,
 ) -> RebuildResult:
     """Fold every record of the events topic, up to its current end, into ``schema``.
 
     The schema must be new or empty: a rebuild never mixes with an existing read model.
-    Positions are saved under ``consumer``, so a projector of that group pointed at the
-    rebuilt schema goes on from where the rebuild stopped.
+    Records that do not apply are dead-lettered there, as the live projector does.
+    Positions are saved under the settings' projector group, so a processor with the
+    same settings pointed at the rebuilt schema goes on from where the rebuild stopped.
     """
-    topics = topics or Topics()
+    settings = Settings.resolve(settings)
+    topics = Topics.from_settings(settings)
+    bootstrap, dsn = settings.kafka_bootstrap, settings.postgres_dsn
+    consumer = settings.projector_group
+    pg.check_schema(schema)
     try:
-        conn = await asyncpg.connect(dsn)
-    except (OSError, asyncpg.PostgresError) as exc:
+        conn = await asyncpg.connect(dsn, timeout=settings.connect_timeout)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise StoreError(
             f"PostgreSQL is not reachable ({exc}); start it with `dev/postgres.sh start`"
         ) from exc

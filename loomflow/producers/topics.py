@@ -11,6 +11,7 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 
 from loomflow.errors import StoreError
 from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.settings import Settings
 
 __all__ = ["Topics", "ensure_topics", "scope_key", "unreachable"]
 
@@ -35,6 +36,15 @@ class Topics:
                 raise ValueError(f"invalid Kafka topic name {name!r}")
         if self.partitions < 1 or self.replication < 1:
             raise ValueError("partitions and replication must be at least 1")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topics:
+        """The topics ``settings`` name, with the partitions and replication it asks for."""
+        return cls.prefixed(
+            settings.topic_prefix,
+            partitions=settings.topic_partitions,
+            replication=settings.topic_replication,
+        )
 
     @classmethod
     def prefixed(cls, prefix: str, **kwargs: int) -> Topics:

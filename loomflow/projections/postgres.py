@@ -18,6 +18,7 @@ import logging
 import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -52,28 +53,38 @@ from loomflow.schemas.codec import decode_event
 
 __all__ = [
     "SCHEMA_VERSION",
-    "add_dead_letter",
+    "DeadLetterRow",
+    "ProcessorRow",
+    "add_dead_letters",
     "apply",
     "apply_events",
     "check_schema",
     "find_refusal",
+    "forget_processor",
     "get_checkpoint",
     "get_step",
     "list_checkpoints",
+    "list_processors",
     "load_positions",
     "load_session",
     "migrate",
+    "notify_sessions",
     "positions_channel",
+    "preview",
+    "printable",
     "prune",
     "read_events",
     "read_transcript",
+    "report_processor",
     "save_position",
     "save_sessions",
+    "schemas_with_processors",
+    "sessions_channel",
 ]
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
@@ -154,6 +165,21 @@ _MIGRATIONS: dict[int, str] = {
         error_type text
     );
     CREATE INDEX dead_letters_event ON {s}.dead_letters (event_id) WHERE event_id IS NOT NULL;
+    """,
+    # the record as it was (any bytes, NUL included) beside a readable text preview; the
+    # processors that project into the schema, so a runtime can say which one it waits for
+    2: """
+    ALTER TABLE {s}.dead_letters ADD COLUMN record bytea, ADD COLUMN record_key bytea,
+        ADD COLUMN null_value boolean NOT NULL DEFAULT false;
+    CREATE TABLE {s}.processors (
+        consumer text NOT NULL,
+        topic text NOT NULL,
+        worker text NOT NULL,
+        partitions integer[] NOT NULL,
+        started_at timestamptz NOT NULL DEFAULT now(),
+        seen_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, topic, worker)
+    );
     """,
 }
 
@@ -787,6 +813,18 @@ async def prune(
 # -- projector bookkeeping: consumed positions and dead letters ------------------------
 
 
+@dataclass(frozen=True)
+class DeadLetterRow:
+    """A record a consumer refused: where it was, why, and its bytes as they were."""
+
+    source: str
+    reason: str
+    record: bytes | None
+    key: bytes | None = None
+    event_id: str | None = None
+    error_type: str = "InvalidEventError"
+
+
 def positions_channel(schema: str) -> str:
     """The NOTIFY channel on which ``save_position`` announces committed positions."""
     return f"{check_schema(schema)}_positions"
@@ -831,35 +869,137 @@ async def save_position(
     )
 
 
-async def add_dead_letter(
-    conn: asyncpg.Connection,
-    schema: str,
-    *,
-    source: str,
-    reason: str,
-    raw: str | None,
-    event_id: str | None = None,
-    error_type: str | None = None,
+def printable(text: str, limit: int | None = None) -> str:
+    """Text PostgreSQL accepts: NUL and lone surrogates escaped; cut to ``limit`` characters."""
+    if limit is not None and len(text) > limit:
+        text = text[:limit] + f"... ({len(text) - limit} more characters)"
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text.replace("\x00", "\\x00")
+
+
+def preview(raw: bytes | None, limit: int = 4096) -> str | None:
+    """A readable rendering of a record's bytes: UTF-8 where it is, escapes elsewhere."""
+    if raw is None:
+        return None
+    return printable(raw[: limit * 4].decode("utf-8", "backslashreplace"), limit)
+
+
+async def add_dead_letters(
+    conn: asyncpg.Connection, schema: str, letters: Sequence[DeadLetterRow]
 ) -> None:
-    """Keep a record a consumer could not apply, with why, so processing can go on."""
-    await conn.execute(
-        f"INSERT INTO {_q(schema)}.dead_letters (source, reason, raw, event_id, error_type) "
-        "VALUES ($1, $2, $3, $4, $5)",
-        source,
-        reason,
-        raw,
-        event_id,
-        error_type,
+    """Keep records a consumer could not apply, with why, so processing can go on.
+
+    The record's bytes are kept whole in ``record`` (bytea takes any byte); ``raw`` is a
+    text preview for people reading the table.
+    """
+    if not letters:
+        return
+    await conn.executemany(
+        f"INSERT INTO {_q(schema)}.dead_letters (source, reason, raw, event_id, error_type, "
+        "record, record_key, null_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        [
+            (
+                printable(d.source, 500),
+                printable(d.reason, 4000),
+                preview(d.record),
+                d.event_id,
+                d.error_type,
+                d.record,
+                d.key,
+                d.record is None,
+            )
+            for d in letters
+        ],
     )
 
 
 async def find_refusal(
     conn: asyncpg.Connection, schema: str, event_ids: Sequence[str]
 ) -> tuple[str, str] | None:
-    """(error type, reason) of the latest dead letter of any of these events, or None."""
+    """(error type, reason) of the first dead letter of any of these events, or None.
+
+    The first: once one event of a session is refused, every later one of the same writer
+    is refused for its seq, and the first refusal is the one that says why.
+    """
     row = await conn.fetchrow(
         f"SELECT coalesce(error_type, 'InvalidEventError'), reason FROM {_q(schema)}.dead_letters "
-        "WHERE event_id = ANY($1::text[]) ORDER BY id DESC LIMIT 1",
+        "WHERE event_id = ANY($1::text[]) ORDER BY id LIMIT 1",
         list(event_ids),
     )
     return None if row is None else (str(row[0]), str(row[1]))
+
+
+def sessions_channel(schema: str) -> str:
+    """The NOTIFY channel on which a projector announces claims and refusals (JSON)."""
+    return f"{check_schema(schema)}_sessions"
+
+
+async def notify_sessions(conn: asyncpg.Connection, schema: str, notes: Sequence[str]) -> None:
+    """Send ``notes`` on ``sessions_channel(schema)`` when the caller's transaction commits."""
+    if notes:
+        await conn.execute(
+            "SELECT pg_notify($1, n) FROM unnest($2::text[]) WITH ORDINALITY AS t(n, i) ORDER BY i",
+            sessions_channel(schema),
+            list(notes),
+        )
+
+
+async def report_processor(
+    conn: asyncpg.Connection,
+    schema: str,
+    consumer: str,
+    topic: str,
+    worker: str,
+    partitions: Sequence[int],
+) -> None:
+    """Record that ``worker`` of group ``consumer`` is alive and which partitions it holds."""
+    await conn.execute(
+        f"INSERT INTO {_q(schema)}.processors (consumer, topic, worker, partitions) "
+        "VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, topic, worker) "
+        "DO UPDATE SET partitions = excluded.partitions, seen_at = now()",
+        consumer,
+        topic,
+        worker,
+        sorted(partitions),
+    )
+
+
+async def forget_processor(
+    conn: asyncpg.Connection, schema: str, consumer: str, topic: str, worker: str
+) -> None:
+    await conn.execute(
+        f"DELETE FROM {_q(schema)}.processors WHERE consumer = $1 AND topic = $2 AND worker = $3",
+        consumer,
+        topic,
+        worker,
+    )
+
+
+@dataclass(frozen=True)
+class ProcessorRow:
+    """A projector worker as it last reported itself."""
+
+    consumer: str
+    topic: str
+    worker: str
+    partitions: list[int]
+    seen_seconds_ago: float
+
+
+async def list_processors(conn: asyncpg.Connection, schema: str) -> list[ProcessorRow]:
+    """Every worker that reported to the schema, most recently seen first."""
+    rows = await conn.fetch(
+        "SELECT consumer, topic, worker, partitions, extract(epoch FROM now() - seen_at) "
+        f"FROM {_q(schema)}.processors ORDER BY seen_at DESC"
+    )
+    return [ProcessorRow(r[0], r[1], r[2], list(r[3]), float(r[4])) for r in rows]
+
+
+async def schemas_with_processors(conn: asyncpg.Connection) -> list[str]:
+    """Schemas of this database that hold a loomflow processors table."""
+    rows = await conn.fetch(
+        "SELECT table_schema FROM information_schema.tables WHERE table_name = 'processors' "
+        "AND table_schema IN (SELECT table_schema FROM information_schema.tables "
+        "WHERE table_name = 'schema_migrations') ORDER BY table_schema"
+    )
+    return [str(r[0]) for r in rows]

@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from loomflow.errors import (
     CorruptRecordError,
+    InvalidEventError,
     InvalidIdError,
     LoomflowError,
     SequenceConflictError,
@@ -343,10 +344,20 @@ class EventStore(ABC):
             )
             try:
                 await self.append([event])
+                await self.confirm(scope)
             except SequenceConflictError:
                 continue  # a writer appended meanwhile: go again after it
             return True
         raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
+
+    async def confirm(self, scope: Scope) -> None:  # noqa: B027 - most stores need no wait
+        """Return once the read model holds every event this store appended to ``scope``.
+
+        Raise the typed refusal (an InvalidEventError subclass) of any of them. The
+        embedded stores fold each append in its own transaction, so they have applied
+        (or refused) an append when it returns; a log-first store (Kafka) waits here for
+        its projector.
+        """
 
     async def close(self) -> None:  # noqa: B027 - stores without resources need not close
         """Release connections and threads."""
@@ -430,6 +441,8 @@ class Runtime:
             events.append(writer.make(RunStarted, started, offset=len(events)))
             try:
                 await self._store.append(events)
+                # the one synchronous point of a run: the claim is applied before it goes on
+                await self._store.confirm(scope)
             except SequenceConflictError:
                 continue  # another writer opened the session between our read and write
             writer.next_seq += len(events)
@@ -511,7 +524,14 @@ class Runtime:
 
 
 class SessionWriter:
-    """The single writer of one session for one run: assigns seq and stamps its epoch."""
+    """The single writer of one session for one run: assigns seq and stamps its epoch.
+
+    An append that fails with anything but a refusal may still have landed (a timeout
+    after the write reached the log, a connection lost before the commit's reply). Its
+    event is then in doubt: before the next append the writer reads the session once to
+    learn whether it landed, and moves past it, or gives its seq back if it did not. So
+    an unknown outcome never turns into a taken seq or a gap.
+    """
 
     def __init__(
         self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
@@ -521,6 +541,7 @@ class SessionWriter:
         self.run_id = run_id
         self.epoch = epoch
         self.next_seq = next_seq
+        self._in_doubt: Event | None = None
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
         """Build the event that the next append (plus ``offset``) will write."""
@@ -534,11 +555,39 @@ class SessionWriter:
         )
 
     async def emit(self, cls: type[E], payload: Any) -> E:
-        """Append one event; the seq is consumed only if the append succeeded."""
+        """Append one event; raise what the store raised (the event is then in doubt,
+        unless the store refused it)."""
+        if self._in_doubt is not None:
+            await self._resolve_doubt()
         event = self.make(cls, payload)
-        await self.runtime.store.append([cast(Event, event)])
+        try:
+            await self.runtime.store.append([cast(Event, event)])
+        except InvalidEventError:
+            raise
+        except BaseException:
+            self._in_doubt = cast(Event, event)
+            self.next_seq += 1
+            raise
         self.next_seq += 1
         return event
+
+    async def _resolve_doubt(self) -> None:
+        doubt = self._in_doubt
+        assert doubt is not None
+        row = await self.runtime.store.session(self.scope)  # raises while the store is away
+        if row is None or row.last_seq < doubt.seq:
+            self.next_seq = doubt.seq  # it never landed: its seq is free again
+            logger.info(
+                "%s: %s did not land; seq %d is reused",
+                self.scope.describe(),
+                doubt.type,
+                doubt.seq,
+            )
+        self._in_doubt = None
+
+    async def confirm(self) -> None:
+        """Wait until the read model holds this run's events; raise any refusal of them."""
+        await self.runtime.store.confirm(self.scope)
 
 
 _current_journal: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(

@@ -1,9 +1,19 @@
 """KafkaRuntime: events appended to Kafka, read back from the projector's PostgreSQL model.
 
-An append returns once the projector has applied it (or refused it): the runtime listens
-for the projector's position notifications, so its own list / get / resume always see
-its writes (read-your-writes), and a refused event (a stale epoch, a taken seq, an erased
-session) raises the same typed error as on the embedded runtimes.
+Consistency, as a user meets it:
+
+- An append is durable when Kafka acknowledges it (acks=all, idempotent producer); within
+  a run it does not wait for the projector.
+- The claim of a session (the new epoch at the start of a run) is the one synchronous
+  point: ``open_session`` returns once the projector applied it, so two writers never
+  both think they own a session.
+- A fenced writer learns it from the projector's notifications (a newer epoch applied,
+  or one of its events refused) and raises the embedded runtimes' typed error before its
+  next append; at the latest when its run ends (``confirm``).
+- Read-your-writes: the store remembers the log positions of its own appends, and its
+  reads wait until the projector has passed them; a resume also folds the session's
+  unprojected tail of the log, so it never waits for a lagging read model. When a run
+  returns, the projector has applied all of it: other processes see its checkpoints.
 """
 
 from __future__ import annotations
@@ -11,18 +21,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
+import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow import errors
-from loomflow.errors import InvalidEventError, StoreError
-from loomflow.producers import EventProducer, Position, Topics, ensure_topics, scope_key
+from loomflow.errors import (
+    InvalidEventError,
+    ProjectionTimeoutError,
+    SessionErasedError,
+    StaleWriterError,
+    StoreError,
+)
+from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold, materialise
@@ -36,10 +54,18 @@ from loomflow.runtime.base import (
     Serializer,
     _check_prune_filters,
 )
-from loomflow.runtime.postgres import PostgresStore
-from loomflow.schemas import CheckpointsPruned, Event, Message
+from loomflow.runtime.postgres import PostgresStore, _redact
+from loomflow.schemas import (
+    CheckpointsPruned,
+    Event,
+    Message,
+    RunStarted,
+    SessionForked,
+    StepRecorded,
+)
 from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.settings import Settings
 
 __all__ = ["KafkaRuntime", "KafkaStore"]
 
@@ -58,9 +84,18 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
     )
 }
 
+#: sessions whose bookkeeping is kept before settled ones are dropped
+_MAX_WATCHED = 4096
+
+_Key = tuple[str | None, str]
+
+
+def _refusal(error_type: str, reason: str) -> InvalidEventError:
+    return _REFUSALS.get(error_type, InvalidEventError)(reason)
+
 
 class _Positions:
-    """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by appends."""
+    """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by confirms and reads."""
 
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}
@@ -92,118 +127,332 @@ class _Positions:
         return done
 
 
-class KafkaStore(EventStore):
-    """Appends to the events topic; serves reads from the read model in PostgreSQL."""
+@dataclass
+class _Watch:
+    """What this store knows of a session it appended to."""
+
+    #: the newest epoch the projector applied to the session (from its notifications)
+    epoch: int = 0
+    erased: bool = False
+    #: (error type, reason) of the first refusal heard of one of ``unconfirmed``
+    refusal: tuple[str, str] | None = None
+    #: partition -> the highest offset of this store's appends
+    written: dict[int, int] = field(default_factory=dict)
+    #: event ids appended since the last confirm: their verdict is not known yet
+    unconfirmed: set[str] = field(default_factory=set)
+    #: journal steps appended, with their partition and offset, until the projector has them
+    steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
+
+
+class _Listener:
+    """A LISTEN connection that comes back after PostgreSQL restarts or drops it.
+
+    On every (re)connection the stored positions are read once, so what was committed
+    while it was away is not missed.
+    """
 
     def __init__(
         self,
-        bootstrap: str,
-        dsn: str,
-        *,
-        topics: Topics | None = None,
-        schema: str = "loomflow",
-        group_id: str = "loomflow-projector",
-        projection_timeout: float = 15.0,
+        settings: Settings,
+        on_position: Callable[[int, int], None],
+        on_session: Callable[[dict[str, Any]], None],
     ) -> None:
-        self.bootstrap = bootstrap
-        self.topics = topics or Topics()
-        self.group_id = group_id
-        self.projection_timeout = projection_timeout
-        self._reads = PostgresStore(dsn, schema=schema)
-        self._schema = schema
-        self._dsn = dsn
-        self._producer = EventProducer(bootstrap, self.topics)
+        self._settings = settings
+        self._on_position = on_position
+        self._on_session = on_session
+        self._conn: asyncpg.Connection | None = None
+        self._lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.connected = False
+
+    async def start(self) -> None:
+        await self._connect()
+        self._task = asyncio.create_task(self._supervise())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self._drop()
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        self.connected = False
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.close(), 2)
+
+    async def _connect(self) -> None:
+        s = self._settings
+        try:
+            conn = await asyncpg.connect(s.postgres_dsn, timeout=s.connect_timeout)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(
+                f"PostgreSQL at {_redact(s.postgres_dsn)} is not reachable "
+                f"({type(exc).__name__}: {exc}); start it with `dev/postgres.sh start`"
+            ) from exc
+        lost = asyncio.Event()
+        try:
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(pg.positions_channel(s.db_schema), self._position)
+            await conn.add_listener(pg.sessions_channel(s.db_schema), self._session)
+            stored = await pg.load_positions(conn, s.db_schema, s.projector_group, s.events_topic)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.close()
+            raise
+        self._conn, self._lost, self.connected = conn, lost, True
+        for partition, next_offset in stored.items():
+            self._on_position(partition, next_offset)
+
+    async def _supervise(self) -> None:
+        while True:
+            await self._lost.wait()
+            logger.warning("lost the LISTEN connection to PostgreSQL; reconnecting")
+            await self._drop()
+            backoff = 0.05
+            while not self.connected:
+                try:
+                    await self._connect()
+                except (StoreError, asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+                    await asyncio.sleep(backoff)  # a retry delay: nothing to wait on meanwhile
+                    backoff = min(backoff * 2, 2.0)
+            logger.info("LISTEN connection to PostgreSQL is back")
+
+    def _position(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        group, topic, partition, next_offset = payload.rsplit(":", 3)
+        s = self._settings
+        if group == s.projector_group and topic == s.events_topic:
+            self._on_position(int(partition), int(next_offset))
+
+    def _session(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        try:
+            note = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(note, dict):
+            self._on_session(note)
+
+
+class KafkaStore(EventStore):
+    """Appends to the events topic; serves reads from the read model in PostgreSQL."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings = Settings.resolve(settings)
+        self.bootstrap = settings.kafka_bootstrap
+        self.topics = Topics.from_settings(settings)
+        self.group_id = settings.projector_group
+        self.projection_timeout = settings.projection_timeout
+        self._reads = PostgresStore(
+            settings.postgres_dsn,
+            schema=settings.db_schema,
+            connect_timeout=settings.connect_timeout,
+        )
+        self._producer = EventProducer(self.bootstrap, self.topics)
         self._positions = _Positions()
-        self._listener: asyncpg.Connection | None = None
+        self._listener = _Listener(settings, self._positions.advance, self._heard)
+        self._watches: dict[_Key, _Watch] = {}
         self._consumer: AIOKafkaConsumer | None = None
+        self._reader_lock = asyncio.Lock()
         self._started = False
         self._start_lock = asyncio.Lock()
 
+    def __repr__(self) -> str:
+        return f"KafkaStore({self.settings.describe()})"
+
+    # -- lifecycle -------------------------------------------------------------------------
+
     async def start(self) -> None:
-        """Create the topics if needed, start the producer and listen for positions."""
+        """Create the topics if needed, start the producer and listen to the projector."""
+        if self._started:
+            return
         async with self._start_lock:
             if self._started:
                 return
-            await ensure_topics(self.bootstrap, self.topics)
-            await self._producer.start()
-            await self._reads.session(Scope("loomflow-probe"))  # connects and migrates
             try:
-                self._listener = await asyncpg.connect(self._dsn)
-            except (OSError, asyncpg.PostgresError) as exc:
-                raise StoreError(f"PostgreSQL is not reachable: {exc}") from exc
-            channel = pg.positions_channel(self._schema)
-            await self._listener.add_listener(channel, self._on_position)
-            # positions committed before we listened: read them once
-            stored = await pg.load_positions(
-                self._listener, self._schema, self.group_id, self.topics.events
-            )
-            for partition, next_offset in stored.items():
-                self._positions.advance(partition, next_offset)
+                await ensure_topics(self.bootstrap, self.topics)
+                await self._producer.start()
+                await self._reads.open()  # connects and migrates
+                await self._listener.start()
+            except BaseException:
+                await self._release()
+                raise
             self._started = True
 
-    def _on_position(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        group, topic, partition, next_offset = payload.rsplit(":", 3)
-        if group == self.group_id and topic == self.topics.events:
-            self._positions.advance(int(partition), int(next_offset))
-
     async def close(self) -> None:
-        await self._producer.stop()
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        if self._listener is not None:
-            await self._listener.close()
-            self._listener = None
+        await self._release()
         await self._reads.close()
+
+    async def _release(self) -> None:
         self._started = False
+        await self._listener.close()
+        with contextlib.suppress(Exception):
+            await self._producer.stop()
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                await self._consumer.stop()
+            self._consumer = None
+
+    # -- writes ------------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event]) -> None:
+        """Append to the log; return once Kafka acknowledged every event.
+
+        Raises the typed refusal first if the projector has told this store that the
+        session moved on (a newer epoch, an erasure, or a refused earlier event).
+        """
         if not events:
             return
         await self.start()
+        for event in events:
+            self._check(event)
+        for event in events:
+            watch = self._watch((event.user_id, event.session_id))
+            if isinstance(event, RunStarted | SessionForked):
+                watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
+                watch.unconfirmed.clear()
+            watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
         positions = await self._producer.send(events)
-        await self._await_projection(positions)
-        await self._verdict(events)
+        for event, position in zip(events, positions, strict=True):
+            watch = self._watch((event.user_id, event.session_id))
+            partition, offset = position.partition, position.offset
+            watch.written[partition] = max(watch.written.get(partition, -1), offset)
+            if isinstance(event, StepRecorded):
+                p = event.payload
+                row = StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
+                watch.steps[p.step_key] = (partition, offset, row)
 
-    async def _await_projection(self, positions: Sequence[Position]) -> None:
-        """Wait until the projector's committed positions pass ``positions``.
+    def _check(self, event: Event) -> None:
+        watch = self._watches.get((event.user_id, event.session_id))
+        if watch is None:
+            return
+        if watch.refusal is not None and not isinstance(event, RunStarted | SessionForked):
+            raise _refusal(*watch.refusal)
+        scope = Scope(event.session_id, event.user_id)
+        if watch.erased:
+            raise SessionErasedError(f"{scope.describe()} was erased; start a new session id")
+        if event.epoch < watch.epoch:
+            raise StaleWriterError(
+                f"writer epoch {event.epoch} is older than epoch {watch.epoch} of "
+                f"{scope.describe()}: another run took the session over"
+            )
+
+    def _watch(self, key: _Key) -> _Watch:
+        watch = self._watches.get(key)
+        if watch is None:
+            if len(self._watches) >= _MAX_WATCHED:
+                self._forget_settled()
+            watch = self._watches[key] = _Watch()
+        return watch
+
+    def _forget_settled(self) -> None:
+        # a session with no unconfirmed event and nothing unprojected needs no bookkeeping:
+        # were its writer fenced meanwhile, the projector refuses it and says so again
+        self._watches = {
+            key: w
+            for key, w in self._watches.items()
+            if w.unconfirmed or not self._positions.passed(w.written)
+        }
+
+    def _heard(self, note: dict[str, Any]) -> None:
+        """A projector's notification: a session's new epoch, or a refused event."""
+        key = (note.get("u"), str(note.get("s")))
+        watch = self._watches.get(key)
+        if watch is None:
+            return  # not a session this store writes to
+        if "epoch" in note:
+            watch.epoch = max(watch.epoch, int(note["epoch"]))
+            watch.erased = watch.erased or bool(note.get("erased"))
+        elif note.get("event") in watch.unconfirmed and watch.refusal is None:
+            watch.refusal = (str(note.get("error")), str(note.get("reason")))
+
+    async def confirm(self, scope: Scope) -> None:
+        """Wait until the projector applied this store's appends to ``scope``; raise the
+        typed refusal of any of them."""
+        key = (scope.user_id, scope.session_id)
+        watch = self._watches.get(key)
+        if watch is None or not watch.unconfirmed:
+            return
+        await self._projected(watch.written)
+        ids = list(watch.unconfirmed)
+        refusal = watch.refusal or await self._reads.refusal(ids)
+        watch.unconfirmed.difference_update(ids)
+        watch.steps = {
+            k: v for k, v in watch.steps.items() if not self._positions.passed({v[0]: v[1]})
+        }
+        if refusal is not None:
+            self._reads.forget(scope)  # its transcript may hold what was refused
+            raise _refusal(*refusal)
+
+    async def _projected(self, wanted: dict[int, int]) -> None:
+        """Wait until the projector's committed positions pass ``wanted``.
 
         Notifications wake the wait at once; once a second the positions table is read
-        too, so a lost notification (or a dropped LISTEN connection) only costs latency.
+        too, so a lost notification (or a LISTEN connection being re-made) only costs
+        latency.
         """
-        wanted: dict[int, int] = {}
-        for position in positions:
-            wanted[position.partition] = max(wanted.get(position.partition, -1), position.offset)
+        if not wanted or self._positions.passed(wanted):
+            return
         done = self._positions.waiter(wanted)
-        deadline = asyncio.get_running_loop().time() + self.projection_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.projection_timeout
         while not done.done():
-            remaining = deadline - asyncio.get_running_loop().time()
+            remaining = deadline - loop.time()
             if remaining <= 0:
                 done.cancel()
-                raise StoreError(
-                    f"the projector has not applied {self.topics.events} offsets {wanted} "
-                    f"within {self.projection_timeout:.0f} s; is `loomflow processor` running "
-                    "against the same Kafka and PostgreSQL?"
-                )
+                raise ProjectionTimeoutError(await self._diagnose(wanted))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(done), min(1.0, remaining))
             if not done.done():
-                stored = await self._reads.positions(self.group_id, self.topics.events)
-                for partition, next_offset in stored.items():
-                    self._positions.advance(partition, next_offset)
+                with contextlib.suppress(StoreError):
+                    stored = await self._reads.positions(self.group_id, self.topics.events)
+                    for partition, next_offset in stored.items():
+                        self._positions.advance(partition, next_offset)
 
-    async def _verdict(self, events: Sequence[Event]) -> None:
-        """Raise the projector's reason if it refused any of our events."""
-        refusal = await self._reads.refusal([event.event_id for event in events])
-        if refusal is None:
-            return
-        error_type, reason = refusal
-        for event in events:
-            self._reads.forget(event)
-        raise _REFUSALS.get(error_type, InvalidEventError)(reason)
+    async def _diagnose(self, wanted: dict[int, int]) -> str:
+        """Why the projector may not have applied ``wanted``: what the processors report."""
+        s = self.settings
+        head = (
+            f"the projector has not applied {s.events_topic} offsets {wanted} within "
+            f"{self.projection_timeout:.0f} s. This runtime waits for the processor group "
+            f"{s.projector_group!r} projecting into PostgreSQL schema {s.db_schema!r} "
+            f"(processor id {s.processor_id!r}, Kafka {s.kafka_bootstrap})."
+        )
+        try:
+            seen = await self._reads.processors()
+        except StoreError as exc:
+            return f"{head} The processors table could not be read ({exc})."
+        ours = [p for schema, p in seen if schema == s.db_schema]
+        mine = [p for p in ours if p.consumer == s.projector_group and p.topic == s.events_topic]
+        live = [p for p in mine if p.seen_seconds_ago < 10]
+        if live:
+            return (
+                f"{head} Its workers report in ({', '.join(_worker(p) for p in live)}) but "
+                "are behind: the processor is overloaded or failing; see its log."
+            )
+        if seen:
+            listing = "; ".join(f"schema {schema!r}: {_worker(p)}" for schema, p in seen[:6])
+            return (
+                f"{head} No worker of that group reports there. Processors seen: {listing}. "
+                "Start `loomflow processor` with the same LOOMFLOW_* settings as this runtime."
+            )
+        return (
+            f"{head} No processor has ever reported to this database: is `loomflow processor` "
+            "running against the same Kafka and PostgreSQL?"
+        )
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    async def _own_writes_projected(self, scope: Scope) -> None:
+        watch = self._watches.get((scope.user_id, scope.session_id))
+        if watch is not None:
+            await self._projected(watch.written)
 
     async def session(self, scope: Scope) -> SessionRow | None:
-        """The session as the log has it: the read model's row plus unprojected events."""
+        """The session as the log has it: the read model's row plus unprojected events
+        (this store's own among them, so it never waits for the projector)."""
         await self.start()
         row = await self._reads.session(scope)
         for event in await self.unprojected(scope, row.last_seq if row else 0):
@@ -216,6 +465,7 @@ class KafkaStore(EventStore):
     async def projected_session(self, scope: Scope) -> SessionRow | None:
         """The session's row in the read model, without the events it has not projected."""
         await self.start()
+        await self._own_writes_projected(scope)
         return await self._reads.session(scope)
 
     async def unprojected(self, scope: Scope, after_seq: int) -> list[Event]:
@@ -233,23 +483,30 @@ class KafkaStore(EventStore):
         committed = (await self._reads.positions(self.group_id, self.topics.events)).get(
             partition, 0
         )
-        reader = await self._reader()
-        end = (await reader.end_offsets([tp]))[tp]
-        if committed >= end:
-            return []
-        reader.assign([tp])
-        reader.seek(tp, committed)
         later: list[Event] = []
-        while await reader.position(tp) < end:
-            for record in (await reader.getmany(tp, timeout_ms=1000)).get(tp, []):
-                if record.offset >= end or record.key != key:
-                    continue
-                try:
-                    event = decode_event(record.value or b"")
-                except InvalidEventError:
-                    continue  # dead-lettered by the projector; never part of the session
-                if event.seq > after_seq:
-                    later.append(event)
+        async with self._reader_lock:  # one consumer, assigned to one partition at a time
+            reader = await self._reader()
+            try:
+                end = (await reader.end_offsets([tp]))[tp]
+                if committed >= end:
+                    return []
+                reader.assign([tp])
+                reader.seek(tp, committed)
+                while await reader.position(tp) < end:
+                    fetched = await reader.getmany(tp, timeout_ms=1000)
+                    for record in fetched.get(tp, []):
+                        if record.offset >= end or record.key != key:
+                            continue
+                        try:
+                            event = decode_event(record.value or b"")
+                        except InvalidEventError:
+                            continue  # dead-lettered by the projector; never part of it
+                        if event.seq > after_seq:
+                            later.append(event)
+            except KafkaError as exc:
+                raise StoreError(
+                    f"reading partition {partition} of {self.topics.events} failed: {exc}"
+                ) from exc
         return sorted(later, key=lambda e: e.seq)
 
     async def _reader(self) -> AIOKafkaConsumer:
@@ -269,24 +526,39 @@ class KafkaStore(EventStore):
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         await self.start()
+        await self._own_writes_projected(scope)
         return await self._reads.checkpoint(scope, checkpoint_id)
 
     async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
         await self.start()
+        await self._own_writes_projected(scope)
         return await self._reads.list_checkpoints(scope, limit)
 
     async def transcript(
         self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
     ) -> list[Message]:
         await self.start()
+        await self._own_writes_projected(scope)
         return await self._reads.transcript(scope, base_seq, upto_seq, message_count)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        """The journal entry: this store's own unprojected record first, else the model's.
+
+        Never waits for the projector: a run's own steps are in memory until projected,
+        and everything before its claim was projected when the claim was.
+        """
         await self.start()
+        watch = self._watches.get((scope.user_id, scope.session_id))
+        if watch is not None and step_key in watch.steps:
+            partition, offset, row = watch.steps[step_key]
+            if not self._positions.passed({partition: offset}):
+                return row
+            del watch.steps[step_key]
         return await self._reads.step(scope, step_key)
 
     async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
         await self.start()
+        await self._own_writes_projected(scope)
         return await self._reads.read_events(scope, after_seq)
 
     async def prune(
@@ -320,10 +592,54 @@ class KafkaStore(EventStore):
         return PruneResult(sessions=sessions, checkpoints=checkpoints, events=events)
 
 
+def _worker(p: pg.ProcessorRow) -> str:
+    return (
+        f"group {p.consumer!r} on topic {p.topic!r} (worker {p.worker}, partitions "
+        f"{p.partitions}, last seen {p.seen_seconds_ago:.0f} s ago)"
+    )
+
+
 class KafkaRuntime(Runtime):
-    """Durable runs over a shared Kafka log and a PostgreSQL read model."""
+    """Durable runs over a shared Kafka log and a PostgreSQL read model.
+
+    With no arguments it uses the ``LOOMFLOW_*`` environment and the same defaults as
+    ``loomflow processor`` (see :class:`loomflow.settings.Settings`); arguments given here
+    take precedence over the environment.
+    """
 
     store: KafkaStore
+
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        dsn: str | None = None,
+        *,
+        max_checkpoints_per_session: int = 20,
+        serializer: Serializer = "json",
+        settings: Settings | None = None,
+        schema: str | None = None,
+        topic_prefix: str | None = None,
+        processor_id: str | None = None,
+        projection_timeout: float | None = None,
+    ) -> None:
+        resolved = Settings.resolve(
+            settings,
+            kafka_bootstrap=bootstrap,
+            postgres_dsn=dsn,
+            db_schema=schema,
+            topic_prefix=topic_prefix,
+            processor_id=processor_id,
+            projection_timeout=projection_timeout,
+        )
+        super().__init__(
+            KafkaStore(resolved),
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            serializer=serializer,
+        )
+
+    @property
+    def settings(self) -> Settings:
+        return self.store.settings
 
     async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:
         """The session from the read model plus the log's events it has not projected yet."""
@@ -348,29 +664,4 @@ class KafkaRuntime(Runtime):
             seq=row.last_seq,
             checkpoint_id=None,
             session=row,
-        )
-
-    def __init__(
-        self,
-        bootstrap: str,
-        dsn: str,
-        *,
-        max_checkpoints_per_session: int = 20,
-        serializer: Serializer = "json",
-        topics: Topics | None = None,
-        schema: str = "loomflow",
-        group_id: str = "loomflow-projector",
-        projection_timeout: float = 15.0,
-    ) -> None:
-        super().__init__(
-            KafkaStore(
-                bootstrap,
-                dsn,
-                topics=topics,
-                schema=schema,
-                group_id=group_id,
-                projection_timeout=projection_timeout,
-            ),
-            max_checkpoints_per_session=max_checkpoints_per_session,
-            serializer=serializer,
         )

@@ -26,6 +26,7 @@ from loomflow.runtime.base import (
     _check_prune_filters,
 )
 from loomflow.schemas import Event, Message
+from loomflow.settings import Settings
 
 __all__ = ["PostgresRuntime", "PostgresStore"]
 
@@ -202,9 +203,9 @@ class PostgresStore(EventStore):
         await self._ready()  # fail here, not in the drainer, when the store cannot open
         await self._writes.append(list(events))
 
-    def forget(self, event: Event) -> None:
-        """Drop what the transcript cache holds of the event's session."""
-        self._cache.forget((event.user_id, event.session_id))
+    def forget(self, scope: Scope) -> None:
+        """Drop what the transcript cache holds of the session."""
+        self._cache.forget((scope.user_id, scope.session_id))
 
     async def prune(
         self,
@@ -265,6 +266,22 @@ class PostgresStore(EventStore):
         """(error type, reason) of a consumer's refusal of any of these events, or None."""
         return await self._call(pg.find_refusal, list(event_ids))
 
+    async def processors(self) -> list[tuple[str, pg.ProcessorRow]]:
+        """(schema, worker) of every processor that reported to a schema of this database."""
+
+        async def read(conn: asyncpg.Connection, schema: str) -> list[tuple[str, pg.ProcessorRow]]:
+            found: list[tuple[str, pg.ProcessorRow]] = []
+            for other in await pg.schemas_with_processors(conn):
+                try:
+                    pg.check_schema(other)
+                except ValueError:
+                    continue  # not a name loomflow would have created
+                found.extend((other, row) for row in await pg.list_processors(conn, other))
+            found.sort(key=lambda item: (item[0] != schema, item[1].seen_seconds_ago))
+            return found
+
+        return await self._call(read)
+
 
 async def _prune(
     conn: asyncpg.Connection,
@@ -286,19 +303,31 @@ async def _prune(
 
 class PostgresRuntime(Runtime):
     """Durable runs in PostgreSQL: the same events and semantics as SqliteRuntime, with
-    log and read model in one schema that many processes share."""
+    log and read model in one schema that many processes share.
+
+    ``dsn`` and ``schema`` default to the ``LOOMFLOW_*`` settings (see
+    :class:`loomflow.settings.Settings`), read the same way as by every other process.
+    """
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None = None,
         *,
         max_checkpoints_per_session: int = 20,
-        schema: str = "loomflow",
+        schema: str | None = None,
         serializer: Serializer = "json",
         min_size: int = 1,
         max_size: int = 10,
+        settings: Settings | None = None,
     ) -> None:
-        self._pg_store = PostgresStore(dsn, schema=schema, min_size=min_size, max_size=max_size)
+        resolved = Settings.resolve(settings, postgres_dsn=dsn, db_schema=schema)
+        self._pg_store = PostgresStore(
+            resolved.postgres_dsn,
+            schema=resolved.db_schema,
+            min_size=min_size,
+            max_size=max_size,
+            connect_timeout=resolved.connect_timeout,
+        )
         super().__init__(
             self._pg_store,
             max_checkpoints_per_session=max_checkpoints_per_session,
@@ -312,13 +341,14 @@ class PostgresRuntime(Runtime):
     @classmethod
     async def connect(
         cls,
-        dsn: str,
+        dsn: str | None = None,
         *,
         max_checkpoints_per_session: int = 20,
-        schema: str = "loomflow",
+        schema: str | None = None,
         serializer: Serializer = "json",
         min_size: int = 1,
         max_size: int = 10,
+        settings: Settings | None = None,
     ) -> PostgresRuntime:
         """A runtime already connected, with its schema created and migrated."""
         runtime = cls(
@@ -328,6 +358,7 @@ class PostgresRuntime(Runtime):
             serializer=serializer,
             min_size=min_size,
             max_size=max_size,
+            settings=settings,
         )
         try:
             await runtime.store.open()

@@ -138,13 +138,7 @@ async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path)
     result = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
-        env=dict(
-            os.environ,
-            LOOMFLOW_KAFKA_BOOTSTRAP=env.bootstrap,
-            LOOMFLOW_POSTGRES_DSN=env.dsn,
-            LOOMFLOW_TOPIC_PREFIX=f"lf-test-{env.tag}",
-            PYTHONPATH=str(ROOT),
-        ),
+        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -160,7 +154,7 @@ async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path)
     again = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
-        env=dict(os.environ, LOOMFLOW_TOPIC_PREFIX=f"lf-test-{env.tag}", PYTHONPATH=str(ROOT)),
+        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -256,13 +250,7 @@ async def test_a_kafka_agent_killed_mid_run_resumes_elsewhere_without_repeats(
         "--hang-at",
         "8",
         "--kafka",
-        f"lf-test-{env.tag}:{env.schema}:{env.group}",
-        env=dict(
-            os.environ,
-            LOOMFLOW_KAFKA_BOOTSTRAP=env.bootstrap,
-            LOOMFLOW_POSTGRES_DSN=env.dsn,
-            PYTHONPATH=str(ROOT),
-        ),
+        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

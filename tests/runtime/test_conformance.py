@@ -334,6 +334,62 @@ async def test_failed_checkpoint_write_warns_and_the_run_goes_on(
     assert await research.agent(runtime).list_checkpoints("s1") == []
 
 
+async def test_a_write_that_lands_and_then_raises_never_ends_the_run(
+    backend: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    runtime = backend.runtime()
+    store = runtime.store
+    real_append = store.append
+    in_doubt: list[str] = []
+
+    async def lands_then_raises(events):  # type: ignore[no-untyped-def]
+        await real_append(events)
+        if not in_doubt and any(isinstance(e, CheckpointWritten) for e in events):
+            in_doubt.append(events[-1].event_id)
+            raise TimeoutError("the write landed but its reply was lost")
+
+    store.append = lands_then_raises  # type: ignore[method-assign]
+    try:
+        research = Research(passes=3)
+        with caplog.at_level(logging.WARNING, logger="loomflow.agent"):
+            result = await research.agent(runtime).run("Research.", session_id="s1")
+    finally:
+        del store.append  # type: ignore[method-assign]
+    assert in_doubt, "the fault was never injected"
+    assert result.output.startswith("Pass 3:") and result.turns == 9
+    assert any("reply was lost" in r.getMessage() for r in caplog.records)
+    # the checkpoint whose write raised is there once, and no seq was taken twice or skipped
+    assert len(await research.agent(runtime).list_checkpoints("s1")) == 3
+    events = await runtime.store.read_events(Scope("s1"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.event_id for e in events].count(in_doubt[0]) == 1
+
+
+async def test_a_write_that_never_lands_gives_its_seq_back(backend: Backend) -> None:
+    runtime = backend.runtime()
+    store = runtime.store
+    real_append = store.append
+    failures: list[str] = []
+
+    async def fails_once(events):  # type: ignore[no-untyped-def]
+        if not failures and any(isinstance(e, CheckpointWritten) for e in events):
+            failures.append(events[-1].event_id)
+            raise ConnectionResetError("connection lost before the write")
+        await real_append(events)
+
+    store.append = fails_once  # type: ignore[method-assign]
+    try:
+        research = Research(passes=2)
+        result = await research.agent(runtime).run("Research.", session_id="s1")
+    finally:
+        del store.append  # type: ignore[method-assign]
+    assert failures and result.turns == 6
+    assert len(await research.agent(runtime).list_checkpoints("s1")) == 1
+    events = await runtime.store.read_events(Scope("s1"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert failures[0] not in {e.event_id for e in events}
+
+
 async def test_non_json_tool_result_is_a_typed_error_and_loses_nothing(backend: Backend) -> None:
     def fetch() -> object:
         """Return something JSON cannot hold."""
@@ -477,8 +533,10 @@ async def test_reappending_an_event_is_idempotent(backend: Backend) -> None:
     events = await runtime.store.read_events(scope)
     assert [e.seq for e in events] == [1, 2]
     clash = writer.make(TurnAppended, TurnAppendedPayload(messages=[Message.user("other")]))
-    with pytest.raises(SequenceConflictError):
+    with pytest.raises(SequenceConflictError):  # refused at once, or when the run confirms
         await runtime.store.append([clash])  # same seq, different event
+        await runtime.store.confirm(scope)
+    assert [e.event_id for e in await runtime.store.read_events(scope)][-1] == event.event_id
 
 
 # --- single writer -------------------------------------------------------------------------
@@ -490,8 +548,9 @@ async def test_a_stale_writer_cannot_write_into_a_resumed_session(backend: Backe
     fresh = await backend.runtime().open_session(scope, run_id=new_id("run"))
     assert fresh.epoch > stale.epoch
     stale.next_seq = fresh.next_seq  # even with the right seq, its epoch is refused
-    with pytest.raises(StaleWriterError):
+    with pytest.raises(StaleWriterError):  # at its next append, or when its run confirms
         await stale.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
+        await stale.confirm()
     await fresh.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("mine")]))
     state = await backend.runtime().restore(scope)
     assert state is not None and [m.content for m in state.messages] == ["mine"]

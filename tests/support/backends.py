@@ -16,6 +16,7 @@ from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
 from loomflow.runtime import InProcRuntime, PostgresRuntime, Runtime, SqliteRuntime
 from loomflow.runtime.kafka import KafkaRuntime
+from loomflow.settings import Settings
 from tests.support.services import kafka_bootstrap, postgres_dsn
 
 
@@ -78,27 +79,26 @@ def postgres_backend(tmp_path: Path) -> Backend:
 
 
 def kafka_backend(tmp_path: Path) -> Backend:
-    """Kafka for the log, a projector task in this process, PostgreSQL for the read model."""
-    dsn, bootstrap = postgres_dsn(), kafka_bootstrap()
+    """Kafka for the log, a projector task in this process, PostgreSQL for the read model.
+
+    Topics, schema and processor id are this test's own, handed to both sides through
+    one Settings object, as LOOMFLOW_* variables would.
+    """
     tag = secrets.token_hex(5)
-    schema = f"lf_test_{tag}"
-    topics = Topics.prefixed(f"lf-test-{tag}", partitions=2)
-    group = f"lf-test-{tag}-projector"
-    projector = Projector(
-        bootstrap,
-        dsn,
-        topics=topics,
-        schema=schema,
-        group_id=group,
-        poll_ms=20,
-        session_timeout_ms=6_000,
-        heartbeat_interval_ms=500,
+    settings = Settings(
+        kafka_bootstrap=kafka_bootstrap(),
+        postgres_dsn=postgres_dsn(),
+        db_schema=f"lf_test_{tag}",
+        topic_prefix=f"lf-test-{tag}",
+        topic_partitions=2,
+        processor_id=f"lf-test-{tag}",
     )
+    projector = Projector(settings, poll_ms=20, session_timeout_ms=6_000, heartbeat_interval_ms=500)
     stop = asyncio.Event()
     running: list[asyncio.Task[None]] = []
 
     async def setup() -> None:
-        await ensure_topics(bootstrap, topics)
+        await ensure_topics(settings.kafka_bootstrap, Topics.from_settings(settings))
         await projector.start()
         running.append(asyncio.create_task(projector.run(stop)))
 
@@ -107,26 +107,31 @@ def kafka_backend(tmp_path: Path) -> Backend:
         for task in running:
             await task
         await projector.stop()
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-        finally:
-            await conn.close()
-        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([topics.events, topics.snapshots, topics.dlq])
-        finally:
-            await admin.close()
+        await drop_environment(settings)
 
     return Backend(
         "kafka",
-        lambda **kwargs: KafkaRuntime(
-            bootstrap, dsn, topics=topics, schema=schema, group_id=group, **kwargs
-        ),
+        lambda **kwargs: KafkaRuntime(settings=settings, **kwargs),
         cleanup=cleanup,
         setup=setup,
     )
+
+
+async def drop_environment(settings: Settings) -> None:
+    """Drop a test's schema and delete its topics."""
+    conn = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{settings.db_schema}" CASCADE')
+    finally:
+        await conn.close()
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.delete_topics(
+            [settings.events_topic, settings.snapshots_topic, settings.dlq_topic]
+        )
+    finally:
+        await admin.close()
 
 
 BACKENDS: dict[str, Callable[[Path], Backend]] = {

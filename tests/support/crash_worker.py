@@ -1,8 +1,8 @@
 """A research agent in its own process, for tests that SIGKILL it or run many at once.
 
-``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--kafka P:S:G]``:
-runs the research agent on ``SqliteRuntime(DB)``, or on a KafkaRuntime (topic prefix P,
-schema S, projector group G; servers from the LOOMFLOW_* variables). Every model and tool
+``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--kafka]``:
+runs the research agent on ``SqliteRuntime(DB)``, or on ``KafkaRuntime()`` configured by
+the LOOMFLOW_* variables alone, as a user's process would be. Every model and tool
 call is appended to LOG as a line (``model <assistant messages in request>`` or
 ``tool <name>:<arg>``) before it runs. With ``--hang-at N`` the N-th model call prints
 ``HANGING`` and never returns.
@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from loomflow import Message, Role
-from loomflow.producers import Topics
 from loomflow.runtime import KafkaRuntime, Runtime, SqliteRuntime
 from tests.support.scenario import Research
 
@@ -36,19 +34,12 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument("log", type=Path)
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--kafka", help="topic prefix:schema:group of a KafkaRuntime to use")
+    parser.add_argument("--kafka", action="store_true", help="KafkaRuntime() from LOOMFLOW_*")
     args = parser.parse_args(argv)
 
     research = Research(passes=args.passes)
     if args.kafka:
-        prefix, schema, group = args.kafka.split(":")
-        runtime: Runtime = KafkaRuntime(
-            os.environ["LOOMFLOW_KAFKA_BOOTSTRAP"],
-            os.environ["LOOMFLOW_POSTGRES_DSN"],
-            topics=Topics.prefixed(prefix, partitions=2),
-            schema=schema,
-            group_id=group,
-        )
+        runtime: Runtime = KafkaRuntime()
     else:
         runtime = SqliteRuntime(args.db)
     agent = research.agent(runtime)

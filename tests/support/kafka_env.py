@@ -9,15 +9,17 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
 from loomflow.runtime.kafka import KafkaRuntime
 from loomflow.schemas import CheckpointWritten, Event, Message, RunStarted, TurnAppended, Usage
 from loomflow.schemas.events import CheckpointWrittenPayload, TurnAppendedPayload
+from loomflow.settings import Settings
+from tests.support.backends import drop_environment
 from tests.support.services import kafka_bootstrap, postgres_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @dataclass
 class KafkaEnv:
-    bootstrap: str
-    dsn: str
-    topics: Topics
-    schema: str
-    group: str
+    """One test's topics, schema and processor id, as one Settings object."""
+
+    settings: Settings
     tag: str
     running: list[tuple[Projector, asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     extra_schemas: list[str] = field(default_factory=list)
@@ -38,30 +38,61 @@ class KafkaEnv:
     async def create(cls, partitions: int = 2) -> KafkaEnv:
         tag = secrets.token_hex(5)
         env = cls(
-            bootstrap=kafka_bootstrap(),
-            dsn=postgres_dsn(),
-            topics=Topics.prefixed(f"lf-test-{tag}", partitions=partitions),
-            schema=f"lf_test_{tag}",
-            group=f"lf-test-{tag}-projector",
+            settings=Settings(
+                kafka_bootstrap=kafka_bootstrap(),
+                postgres_dsn=postgres_dsn(),
+                db_schema=f"lf_test_{tag}",
+                topic_prefix=f"lf-test-{tag}",
+                topic_partitions=partitions,
+                processor_id=f"lf-test-{tag}",
+            ),
             tag=tag,
         )
         await ensure_topics(env.bootstrap, env.topics)
         return env
 
-    def projector(self, **options: object) -> Projector:
+    @property
+    def bootstrap(self) -> str:
+        return self.settings.kafka_bootstrap
+
+    @property
+    def dsn(self) -> str:
+        return self.settings.postgres_dsn
+
+    @property
+    def topics(self) -> Topics:
+        return Topics.from_settings(self.settings)
+
+    @property
+    def schema(self) -> str:
+        return self.settings.db_schema
+
+    @property
+    def group(self) -> str:
+        return self.settings.projector_group
+
+    def variables(self) -> dict[str, str]:
+        """The LOOMFLOW_* variables that configure a process like this environment."""
+        s = self.settings
+        return {
+            "LOOMFLOW_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
+            "LOOMFLOW_POSTGRES_DSN": s.postgres_dsn,
+            "LOOMFLOW_SCHEMA": s.db_schema,
+            "LOOMFLOW_TOPIC_PREFIX": s.topic_prefix,
+            "LOOMFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+            "LOOMFLOW_PROCESSOR_ID": s.processor_id,
+        }
+
+    def projector(self, **options: Any) -> Projector:
         return Projector(
-            self.bootstrap,
-            self.dsn,
-            topics=self.topics,
-            schema=self.schema,
-            group_id=self.group,
+            self.settings,
             poll_ms=20,
             session_timeout_ms=6_000,
             heartbeat_interval_ms=500,
-            **options,  # type: ignore[arg-type]
+            **options,
         )
 
-    async def start_projector(self, **options: object) -> Projector:
+    async def start_projector(self, **options: Any) -> Projector:
         projector = self.projector(**options)
         await projector.start()
         stop = asyncio.Event()
@@ -76,35 +107,12 @@ class KafkaEnv:
                 await projector.stop()
                 self.running.remove(entry)
 
-    def runtime(self, **kwargs: object) -> KafkaRuntime:
-        return KafkaRuntime(
-            self.bootstrap,
-            self.dsn,
-            topics=self.topics,
-            schema=self.schema,
-            group_id=self.group,
-            **kwargs,  # type: ignore[arg-type]
-        )
+    def runtime(self, **kwargs: Any) -> KafkaRuntime:
+        return KafkaRuntime(settings=self.settings, **kwargs)
 
     def processor_process(self) -> subprocess.Popen[str]:
         """``loomflow processor`` (the faust app) as a child process on this environment."""
-        env = dict(
-            os.environ,
-            LOOMFLOW_KAFKA_BOOTSTRAP=self.bootstrap,
-            LOOMFLOW_POSTGRES_DSN=self.dsn,
-            LOOMFLOW_SCHEMA=self.schema,
-            LOOMFLOW_TOPIC_PREFIX=f"lf-test-{self.tag}",
-            LOOMFLOW_PROCESSOR_ID=f"lf-test-{self.tag}",
-            LOOMFLOW_TOPIC_PARTITIONS=str(self.topics.partitions),
-            PYTHONPATH=str(ROOT),
-        )
-        return subprocess.Popen(
-            [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", "warn"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        return start_processor(self.variables())
 
     async def positions(self, consumer: str | None = None) -> dict[int, int]:
         conn = await asyncpg.connect(self.dsn)
@@ -128,16 +136,28 @@ class KafkaEnv:
             await projector.stop()
         conn = await asyncpg.connect(self.dsn)
         try:
-            for schema in [self.schema, *self.extra_schemas]:
+            for schema in self.extra_schemas:
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
-        await admin.start()
-        try:
-            await admin.delete_topics([self.topics.events, self.topics.snapshots, self.topics.dlq])
-        finally:
-            await admin.close()
+        await drop_environment(self.settings)
+
+
+def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> subprocess.Popen[str]:
+    """``loomflow processor`` as its own process, configured by ``variables`` alone.
+
+    The LOOMFLOW_* variables of this test process are removed first, so that a test of the
+    defaults runs the processor exactly as a user who set nothing would.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    env.update(variables, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", loglevel],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def session_events(
