@@ -5,6 +5,8 @@
 #                            127.0.0.1:$LOOMFLOW_POSTGRES_PORT, wait until ready, ensure role
 #                            and database "loomflow" (password "loomflow") exist
 #   dev/postgres.sh stop     stop the cluster
+#   dev/postgres.sh restart  stop (fast: every connection is cut) and start again, for tests of
+#                            what survives a database restart
 #   dev/postgres.sh status   exit 0 if the loomflow database answers
 #
 # Why the Debian cluster and not one under .cache/: it survives fresh clones (CI clones the repo
@@ -207,6 +209,7 @@ cmd_status() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
+  restart) cmd_stop && cmd_start ;;
   status) cmd_status ;;
-  *) echo "usage: $0 {start|stop|status}" >&2; exit 2 ;;
+  *) echo "usage: $0 {start|stop|restart|status}" >&2; exit 2 ;;
 esac

@@ -227,6 +227,9 @@ class Projector:
         self._snapshots_idle = asyncio.Event()
         self._snapshots_idle.set()
         self._tasks: list[asyncio.Task[None]] = []
+        #: set when a round failed: the consumer's position is past what was applied, so
+        #: nothing is fetched until it is back at the positions stored in PostgreSQL
+        self._resync = False
 
     async def start(self) -> None:
         """Connect to PostgreSQL (migrating the schema) and join the consumer group.
@@ -334,14 +337,10 @@ class Projector:
                     backoff,
                     exc_info=not isinstance(exc, StoreError | KafkaError | OSError),
                 )
+                self._resync = True
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)  # back off, or stop now
                 backoff = min(backoff * 2, 5.0)
-                if self._consumer is not None:
-                    try:
-                        await self._seek(self._consumer, list(self._consumer.assignment()))
-                    except Exception as again:  # the next round fails and backs off again
-                        logger.debug("could not seek to stored positions: %r", again)
 
     async def step(self) -> int:
         """Fetch one round of records and apply them; return how many were handled.
@@ -350,6 +349,9 @@ class Projector:
         connection: a session lives in one partition, so they never touch the same rows.
         """
         assert self._consumer is not None, "start() the projector first"
+        if self._resync:  # after a failed round: back to the stored positions first
+            await self._seek(self._consumer, list(self._consumer.assignment()))
+            self._resync = False
         batches = await self._consumer.getmany(
             timeout_ms=self.poll_ms, max_records=self.max_records
         )

@@ -262,6 +262,11 @@ class KafkaStore(EventStore):
     def __repr__(self) -> str:
         return f"KafkaStore({self.settings.describe()})"
 
+    @property
+    def listening(self) -> bool:
+        """Whether the projector's notifications reach this store now (else it polls)."""
+        return self._listener.connected
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:

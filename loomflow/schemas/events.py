@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from loomflow.schemas.clock import utcnow
-from loomflow.schemas.ids import new_id
+from loomflow.schemas.ids import Id, new_id
 from loomflow.schemas.messages import Message, Usage
 
 __all__ = [
@@ -47,11 +47,11 @@ class EventBase(BaseModel):
 
     model_config = _FROZEN
 
-    event_id: str = Field(default_factory=lambda: new_id("evt"))
+    event_id: Id = Field(default_factory=lambda: new_id("evt"))
     v: int = EVENT_SCHEMA_VERSION
-    user_id: str | None = None
-    session_id: str
-    run_id: str
+    user_id: Id | None = None
+    session_id: Id
+    run_id: Id
     seq: int = Field(ge=1)
     epoch: int = Field(ge=0)
     at: datetime = Field(default_factory=utcnow)
@@ -119,7 +119,7 @@ class CheckpointWrittenPayload(BaseModel):
     """A snapshot marker: the transcript is every message up to this event's seq."""
 
     model_config = _FROZEN
-    checkpoint_id: str
+    checkpoint_id: Id
     turn: int
     cumulative_usage: Usage
     cursor: str | None = None
@@ -131,8 +131,8 @@ class SessionForkedPayload(BaseModel):
     """First event of a fork: where it came from and the transcript it starts with."""
 
     model_config = _FROZEN
-    parent_session_id: str
-    parent_checkpoint_id: str
+    parent_session_id: Id
+    parent_checkpoint_id: Id
     messages: list[Message]
     turn: int
     cumulative_usage: Usage
@@ -140,7 +140,7 @@ class SessionForkedPayload(BaseModel):
 
 class CheckpointsPrunedPayload(BaseModel):
     model_config = _FROZEN
-    checkpoint_ids: list[str]
+    checkpoint_ids: list[Id]
 
 
 class SessionErasedPayload(BaseModel):

@@ -6,14 +6,21 @@ import os
 import re
 import threading
 import time
+from typing import Annotated
+
+from pydantic import StringConstraints
 
 from loomflow.errors import InvalidIdError
 
-__all__ = ["MAX_ID_LENGTH", "new_id", "validate_id"]
+__all__ = ["MAX_ID_LENGTH", "Id", "new_id", "validate_id"]
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"  # Crockford base32, lower case
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=\-]*$")
+_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=\-]*$"
+_ID_RE = re.compile(_ID_PATTERN)
 MAX_ID_LENGTH = 200
+
+#: An id as events carry it: what ``validate_id`` accepts, checked whenever an event is read.
+Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID_PATTERN)]
 
 _lock = threading.Lock()
 _last_ms = 0

@@ -305,3 +305,110 @@ async def test_a_lost_database_connection_is_retried_without_loss_or_duplicates(
     assert len(expected) == 200
     assert await in_postgres(env.dsn, env.schema) == expected
     assert projector.dead_lettered == 0
+
+
+def _poison(env: KafkaEnv) -> list[tuple[bytes | None, bytes | None, str]]:
+    """(value, key, why) of records a fuzzer or a broken producer may put on the topic."""
+    key = scope_key(None, "s1")
+    valid = session_events("s1", passes=1)[0].model_dump_json()
+    huge_epoch = valid.replace('"epoch":1', f'"epoch":{2**70}').encode()
+    return [
+        (None, key, "a null value (a tombstone)"),
+        (b"\xff\xfe\x00 not UTF-8", key, "bytes that are not UTF-8"),
+        (b'{"type": "run.started", "session_id": "s1\x00"}', key, "a raw NUL byte"),
+        (valid.replace('"r"', '"r\\u0000"').encode(), key, "an escaped NUL in an id"),
+        (b"[" * 5000, key, "nesting past any parser's limit"),
+        (b"null", key, "JSON null"),
+        (b'["an", "array"]', key, "a JSON array"),
+        (b"{}", key, "an object without a type"),
+        (huge_epoch, key, "an epoch PostgreSQL cannot hold"),
+        (valid.encode(), None, "a valid event without a key"),
+        (b"x" * (MAX_EVENT_BYTES + 10), key, "an oversized record"),
+    ]
+
+
+async def test_nothing_on_the_topic_stops_the_processor(env: KafkaEnv) -> None:
+    """Each poison record is dead-lettered with its bytes; the partition moves on."""
+    victim = env.processor_process()  # `loomflow processor`, as it runs in production
+    try:
+        producer = EventProducer(env.bootstrap, env.topics)
+        poison = _poison(env)
+        for value, key, _ in poison:
+            await producer.send_raw(env.topics.events, value, key=key)
+        # then a valid session on the same partition, with a NUL in a message
+        good = session_events("s1", passes=3)
+        nul = TurnAppended(
+            session_id="s1",
+            run_id="r",
+            seq=len(good) + 1,
+            epoch=1,
+            payload=TurnAppendedPayload(messages=[Message.user("before\x00after")]),
+        )
+        await producer.send([*good, nul])
+        await producer.stop()
+        await eventually(lambda: _caught_up(env), within=90, what="the processor to pass it all")
+        assert victim.poll() is None, victim.communicate()[1]
+    finally:
+        victim.send_signal(signal.SIGTERM)
+        _, err = victim.communicate(timeout=60)
+    assert "Traceback" not in err, err
+
+    runtime = env.runtime()
+    state = await runtime.restore(Scope("s1"))
+    await runtime.close()
+    assert state is not None and state.turns == 3
+    assert state.messages[-1].content == "before\x00after"
+
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        letters = await conn.fetch(
+            f'SELECT record, record_key, null_value, reason FROM "{env.schema}".dead_letters '
+            "ORDER BY id"
+        )
+    finally:
+        await conn.close()
+
+    # the keyless record lands on any partition: compare without order
+    def kept(value: bytes | None, key: bytes | None, null: bool) -> tuple[bytes, bytes, bool]:
+        return value or b"", key or b"", null
+
+    stored = sorted(kept(r["record"], r["record_key"], r["null_value"]) for r in letters)
+    assert stored == sorted(kept(v, k, v is None) for v, k, _ in poison)
+    assert [r["null_value"] for r in letters if r["record"] is None] == [True]  # null stays null
+    assert all(r["reason"] for r in letters)
+
+    dlq = AIOKafkaConsumer(
+        env.topics.dlq,
+        bootstrap_servers=env.bootstrap,
+        auto_offset_reset="earliest",
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 128 * 1024,
+    )
+    await dlq.start()
+    try:
+        seen: list[tuple[bytes, bool]] = []
+
+        async def read_dlq() -> bool:
+            for records in (await dlq.getmany(timeout_ms=200)).values():
+                seen.extend((r.value, "null_value" in dict(r.headers)) for r in records)
+            return len(seen) >= len(poison)
+
+        await eventually(read_dlq, what="every poison record on the DLQ topic")
+    finally:
+        await dlq.stop()
+    expected = [(v or b"", v is None) for v, _, _ in poison]
+    assert sorted(seen) == sorted(expected)
+
+    # a rebuild of the same log dead-letters the same records and ends
+    rebuilt = f"{env.schema}_rb"
+    env.extra_schemas.append(rebuilt)
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
+        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(poison)} dead-lettered" in result.stdout
+    assert await in_postgres(env.dsn, rebuilt) == await in_postgres(env.dsn, env.schema)

@@ -1,20 +1,33 @@
-"""What only KafkaRuntime has to prove: it needs its projector, and says so."""
+"""What only KafkaRuntime has to prove: appends pay for the log, reads see their writes,
+fenced writers learn it, and a missing or far-away projector is named."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loomflow import Message
-from loomflow.errors import StoreError
+from loomflow.errors import ProjectionTimeoutError, StaleWriterError, StoreError
+from loomflow.processors import Projector
 from loomflow.producers import EventProducer
-from loomflow.runtime import KafkaRuntime, Scope
+from loomflow.projections.fold import SessionRow
+from loomflow.runtime import KafkaRuntime, RestoredState, Scope
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
-from tests.support.kafka_env import KafkaEnv
+from tests.support.kafka_env import ROOT, KafkaEnv
+from tests.support.readmodel import fold_of, in_postgres, log_events
 from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -77,3 +90,188 @@ async def test_restore_reads_the_log_past_a_lagging_read_model(env: KafkaEnv) ->
     first_request = follow.models[-1].inner.calls[0]
     assert first_request.count(Message.user("a late question")) == 1
     await runtime.close()
+
+
+# --- the writer pays for the log, not for the projection -----------------------------------
+
+
+async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: KafkaEnv) -> None:
+    await env.start_projector()
+    scope = Scope("s1")
+    zombie_rt, fresh_rt, blind_rt = env.runtime(), env.runtime(), env.runtime()
+    zombie = await zombie_rt.open_session(scope, run_id=new_id("run"))
+    await zombie.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("before")]))
+    fresh = await fresh_rt.open_session(scope, run_id=new_id("run"))  # a resume elsewhere
+    assert fresh.epoch == zombie.epoch + 1
+
+    # the zombie's runtime hears of the new epoch and refuses before writing to the log
+    watch = zombie_rt.store._watches[(None, "s1")]
+    await eventually(lambda: watch.epoch == fresh.epoch, what="the new epoch's notification")
+    ends = await _end_offsets(env)
+    with pytest.raises(StaleWriterError):
+        await zombie.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
+    assert await _end_offsets(env) == ends, "a fenced writer still wrote to the log"
+
+    # a zombie that never heard (its process was asleep): the projector refuses its event,
+    # and the writer learns it when its run confirms
+    blind = await blind_rt.open_session(Scope("other"), run_id=new_id("run"))
+    del blind
+    stale = zombie.make(TurnAppended, TurnAppendedPayload(messages=[Message.user("stale")]))
+    await blind_rt.store.append([stale])
+    with pytest.raises(StaleWriterError):
+        await blind_rt.store.confirm(scope)
+
+    await fresh.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("mine")]))
+    await fresh.confirm()
+    state = await fresh_rt.restore(scope)
+    assert state is not None
+    assert [m.content for m in state.messages] == ["before", "mine"]
+    for runtime in (zombie_rt, fresh_rt, blind_rt):
+        await runtime.close()
+
+
+class _SlowProjector(Projector):
+    """A loaded processor: every round of projection takes a while."""
+
+    async def _apply_partition(self, tp: Any, records: Any) -> None:
+        await asyncio.sleep(0.3)  # stands in for a busy database, not for synchronisation
+        await super()._apply_partition(tp, records)
+
+
+async def test_another_process_reads_a_run_the_moment_it_returns(env: KafkaEnv) -> None:
+    slow = _SlowProjector(env.settings, poll_ms=20)
+    await slow.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(slow.run(stop))
+    try:
+        log = env.tag + ".log"
+        writer = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.support.crash_worker",
+            "unused.db",
+            "s1",
+            log,
+            "--kafka",
+            env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=str(ROOT / ".cache") if (ROOT / ".cache").exists() else None,
+        )
+        assert writer.stdout is not None
+        line = await asyncio.wait_for(writer.stdout.readline(), 120)
+        # the run has returned in the writer; this process reads at once, no waiting
+        reader = env.runtime()
+        metas = await reader.list_checkpoints(Scope("s1"))
+        row = await reader.store.projected_session(Scope("s1"))
+        await reader.close()
+        await writer.wait()
+    finally:
+        stop.set()
+        await task
+        await slow.stop()
+    result = json.loads(line)
+    assert result["turns"] == 9
+    assert len(metas) == 3 and metas[0].turn == 9
+    assert row is not None and row.status == "finished"
+
+
+async def test_concurrent_reads_on_one_runtime_while_the_projector_is_stopped(
+    env: KafkaEnv,
+) -> None:
+    projector = await env.start_projector()
+    writer_rt = env.runtime()
+    await Research(passes=2).agent(writer_rt).run("Research.", session_id="s1")
+    row = await writer_rt.store.session(Scope("s1"))
+    await writer_rt.close()
+    assert row is not None
+    await env.stop_projector(projector)
+    late = [
+        TurnAppended(
+            session_id="s1",
+            run_id=new_id("run"),
+            seq=row.last_seq + k,
+            epoch=row.epoch,
+            payload=TurnAppendedPayload(messages=[Message.user(f"late {k}")]),
+        )
+        for k in (1, 2, 3)
+    ]
+    producer = EventProducer(env.bootstrap, env.topics)
+    await producer.send(late)
+    await producer.stop()
+
+    runtime = env.runtime()
+    sessions = [runtime.store.session(Scope("s1")) for _ in range(20)]
+    restores = [runtime.restore(Scope("s1")) for _ in range(20)]
+    results = await asyncio.gather(*sessions, *restores, return_exceptions=True)
+    await runtime.close()
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, errors[:3]
+    for found in results[:20]:
+        assert isinstance(found, SessionRow) and found.last_seq == row.last_seq + 3
+    for state in results[20:]:
+        assert isinstance(state, RestoredState) and state.seq == row.last_seq + 3
+        assert [m.content for m in state.messages[-3:]] == ["late 1", "late 2", "late 3"]
+
+
+async def test_a_runtime_waiting_on_another_group_says_which(env: KafkaEnv) -> None:
+    await env.start_projector()
+    lost = KafkaRuntime(settings=env.settings, processor_id="someone-else", projection_timeout=2)
+    with pytest.raises(ProjectionTimeoutError) as caught:
+        await Research(passes=1).agent(lost).run("Research.", session_id="s1")
+    await lost.close()
+    message = str(caught.value)
+    assert "'someone-else-projector'" in message  # the group it waited for
+    assert f"schema {env.schema!r}" in message  # where
+    assert f"group {env.group!r}" in message  # and what the running processor reports
+    assert "LOOMFLOW_" in message
+
+
+async def test_a_postgres_restart_under_a_running_agent(env: KafkaEnv) -> None:
+    processor = env.processor_process()
+    runtime = env.runtime()
+    try:
+        research = Research(passes=100)
+        # ~10 s of model time, so the restart lands mid-run
+        agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=200)
+
+        run = asyncio.create_task(agent.run("Research.", session_id="s1"))
+        await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
+        restart = await asyncio.to_thread(
+            subprocess.run,
+            [str(ROOT / "dev" / "postgres.sh"), "restart"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert restart.returncode == 0, restart.stderr
+        assert not run.done(), "the run ended before the restart: nothing was tested"
+        result = await asyncio.wait_for(run, 120)
+        assert result.turns == 300 and result.stop_reason == "completed"
+        # the LISTEN connection came back: confirms are woken by notifications again
+        await eventually(lambda: runtime.store.listening, what="the LISTEN connection")
+        again = await Research(passes=2).agent(runtime).run("Research.", session_id="s2")
+        assert again.turns == 6
+        assert len(await runtime.list_checkpoints(Scope("s1"))) == 20
+        assert processor.poll() is None, "the processor died"
+    finally:
+        await runtime.close()
+        processor.send_signal(signal.SIGTERM)
+        try:
+            processor.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            processor.kill()
+            processor.communicate()
+            raise
+    expected = await fold_of(await log_events(env.bootstrap, env.topics))
+    assert await in_postgres(env.dsn, env.schema) == expected
+
+
+async def _end_offsets(env: KafkaEnv) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
+        return {tp.partition: o for tp, o in (await consumer.end_offsets(partitions)).items()}
+    finally:
+        await consumer.stop()

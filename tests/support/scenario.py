@@ -85,9 +85,11 @@ class Research:
         *,
         crash_at: int | None = None,
         checkpoint: bool = True,
+        latency: float = 0.0,
         **tuning: Any,
     ) -> Agent:
-        model = CrashingModel(ScriptedModel(research_script(self.passes)), crash_at)
+        scripted = ScriptedModel(research_script(self.passes), latency=latency)
+        model = CrashingModel(scripted, crash_at)
         self.models.append(model)
         return Agent(
             "You are a careful researcher.",

@@ -1,0 +1,155 @@
+"""The README's Kafka path as a new user takes it: defaults only, each process on its own.
+
+``loomflow processor`` is started with no options and no LOOMFLOW_* naming (only the
+service addresses, when the test services are not at the defaults), before its topics
+exist; then the README's ``kafka_quickstart.py`` runs, unchanged, in its own process. Both
+must meet on the default topics, schema and group, as they would on a user's machine.
+
+These tests own the default names (topics ``loomflow.*``, schema ``loomflow``): they delete
+them first and last, so run them only against the test services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from loomflow.runtime import KafkaRuntime, Scope
+from loomflow.settings import Settings
+from tests.support.backends import drop_environment
+from tests.support.services import kafka_bootstrap, postgres_dsn
+from tests.support.waiting import eventually
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def readme_block(marker: str, language: str = "python") -> str:
+    """The README's fenced ``language`` block that contains ``marker``."""
+    for block in re.findall(rf"```{language}\n(.*?)```", README, flags=re.S):
+        if marker in block:
+            return str(block)
+    raise AssertionError(f"README.md has no {language} block containing {marker!r}")
+
+
+def user_env() -> dict[str, str]:
+    """A shell with no LOOMFLOW_* naming: only where the services are, if not the defaults."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOMFLOW_", "ANTHROPIC_"))}
+    defaults = Settings.model_construct()  # the defaults alone, no environment read
+    if kafka_bootstrap() != defaults.kafka_bootstrap:
+        env["LOOMFLOW_KAFKA_BOOTSTRAP"] = kafka_bootstrap()
+    if postgres_dsn() != "postgresql://loomflow:loomflow@127.0.0.1:5432/loomflow":
+        env["LOOMFLOW_POSTGRES_DSN"] = postgres_dsn()
+    return env
+
+
+def user_settings() -> Settings:
+    return Settings(kafka_bootstrap=kafka_bootstrap(), postgres_dsn=postgres_dsn())
+
+
+async def _topics(bootstrap: str) -> set[str]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        return set(await admin.list_topics())
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def default_names() -> AsyncIterator[Settings]:
+    """An empty broker and database as far as the default names go, before and after."""
+    settings = user_settings()
+    names = {settings.events_topic, settings.snapshots_topic, settings.dlq_topic}
+
+    async def clear() -> None:
+        await drop_environment(settings)
+
+        async def gone() -> bool:
+            return not names & await _topics(settings.kafka_bootstrap)
+
+        await eventually(gone, what="the default topics to be deleted")
+
+    await clear()
+    yield settings
+    await clear()
+
+
+@pytest.fixture
+def processor() -> Iterator[subprocess.Popen[str]]:
+    """``loomflow processor`` exactly as the README starts it."""
+    command = readme_block("loomflow processor", "sh").splitlines()[0].split("#")[0].split()
+    assert command == ["loomflow", "processor"]
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
+        env=user_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield proc
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # never leave a worker behind
+        proc.communicate()
+        raise
+
+
+async def test_the_readme_kafka_quickstart_runs_against_a_default_processor(
+    default_names: Settings, processor: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    # the processor was started on a broker without its topics: it creates them, as the log
+    # must be (kept forever, the partitions the settings say)
+    async def created() -> bool:
+        return default_names.events_topic in await _topics(default_names.kafka_bootstrap)
+
+    await eventually(created, within=60, what="the processor to create the default topics")
+    admin = AIOKafkaAdminClient(bootstrap_servers=default_names.kafka_bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics([default_names.events_topic])
+        configs = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, default_names.events_topic)]
+        )
+    finally:
+        await admin.close()
+    assert len(described[0]["partitions"]) == default_names.topic_partitions
+    entries = {c[0]: c[1] for c in configs[0].resources[0][4]}
+    assert entries["retention.ms"] == "-1" and entries["cleanup.policy"] == "delete"
+
+    script = tmp_path / "kafka_quickstart.py"
+    script.write_text(readme_block("kafka_quickstart.py"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        cwd=tmp_path,
+        env=user_env(),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    first, again, fork = (line.split(" ", 1) for line in out.decode().splitlines())
+    session, fork_session = first[0], fork[0]
+    assert first == [session, "A log."] and again == [session, "Ordered per key."]
+    assert fork_session.startswith("sess") and fork_session != session
+    assert fork[1] == "Ordered per key."
+
+    # another process (this one), with the same defaults, sees everything at once
+    async with KafkaRuntime(settings=user_settings()) as runtime:
+        assert len(await runtime.list_checkpoints(Scope(session))) == 2
+        forked = await runtime.store.session(Scope(fork_session))
+        assert forked is not None and forked.parent_session_id == session
+    assert processor.poll() is None, "the processor died"
