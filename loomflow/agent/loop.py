@@ -417,26 +417,20 @@ class _Run:
         logger.info("compacted %d messages of %s", len(head), self.writer.scope.describe())
 
     async def _checkpoint(self) -> None:
-        payload = CheckpointWrittenPayload(
-            checkpoint_id=new_id("ckpt"),
-            turn=self.turns,
-            cumulative_usage=self.usage,
-            cursor=f"pass:{self.passes}",
-            message_count=len(self.messages),
-            retain=self.agent.runtime.max_checkpoints_per_session,
+        """Stage this pass's checkpoint: it goes out with the run's next event (the next
+        pass's message or the run's end), which follows with no model or tool call
+        between. A checkpoint that fails to be written is a warning (see SessionWriter)."""
+        self.writer.stage(
+            CheckpointWritten,
+            CheckpointWrittenPayload(
+                checkpoint_id=new_id("ckpt"),
+                turn=self.turns,
+                cumulative_usage=self.usage,
+                cursor=f"pass:{self.passes}",
+                message_count=len(self.messages),
+                retain=self.agent.runtime.max_checkpoints_per_session,
+            ),
         )
-        try:
-            await self.writer.emit(CheckpointWritten, payload)
-        except InvalidEventError:
-            raise  # fenced or erased: this run must not go on writing
-        except Exception as exc:
-            logger.warning(
-                "checkpoint of %s after pass %d failed (%s: %s); the run goes on",
-                self.writer.scope.describe(),
-                self.passes,
-                type(exc).__name__,
-                exc,
-            )
 
     # -- events and results -------------------------------------------------------------
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
+from pathlib import Path
 
 import faust
 
@@ -34,10 +36,14 @@ def create_app(settings: Settings | None = None) -> faust.App:
     app_id = settings.processor_id
     bootstrap = settings.kafka_bootstrap
 
+    # faust writes a data directory even for memory tables: never into the caller's cwd
+    datadir = Path(tempfile.gettempdir()) / "loomflow" / f"{app_id}-data"
+    datadir.parent.mkdir(parents=True, exist_ok=True)
     app = faust.App(
         app_id,
         broker=f"kafka://{bootstrap}",
         store="memory://",
+        datadir=str(datadir),
         value_serializer="raw",
         key_serializer="raw",
         web_enabled=False,

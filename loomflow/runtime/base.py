@@ -526,11 +526,15 @@ class Runtime:
 class SessionWriter:
     """The single writer of one session for one run: assigns seq and stamps its epoch.
 
+    ``stage`` holds an event (a checkpoint) to go out with the next ``emit``: events made
+    together cost one write, not one each. The loop stages only where no model or tool
+    call runs before that next emit.
+
     An append that fails with anything but a refusal may still have landed (a timeout
     after the write reached the log, a connection lost before the commit's reply). Its
-    event is then in doubt: before the next append the writer reads the session once to
-    learn whether it landed, and moves past it, or gives its seq back if it did not. So
-    an unknown outcome never turns into a taken seq or a gap.
+    events are then in doubt: before the next append the writer reads the session once
+    to learn how many landed, and goes on after them, giving back the seqs of those that
+    did not. So an unknown outcome never turns into a taken seq or a gap.
     """
 
     def __init__(
@@ -541,7 +545,8 @@ class SessionWriter:
         self.run_id = run_id
         self.epoch = epoch
         self.next_seq = next_seq
-        self._in_doubt: Event | None = None
+        self._staged: list[Event] = []
+        self._in_doubt: list[Event] = []
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
         """Build the event that the next append (plus ``offset``) will write."""
@@ -554,39 +559,76 @@ class SessionWriter:
             payload=payload,
         )
 
-    async def emit(self, cls: type[E], payload: Any) -> E:
-        """Append one event; raise what the store raised (the event is then in doubt,
-        unless the store refused it)."""
-        if self._in_doubt is not None:
-            await self._resolve_doubt()
+    def stage(self, cls: type[E], payload: Any) -> E:
+        """Build an event that the next ``emit`` appends in front of its own."""
         event = self.make(cls, payload)
-        try:
-            await self.runtime.store.append([cast(Event, event)])
-        except InvalidEventError:
-            raise
-        except BaseException:
-            self._in_doubt = cast(Event, event)
-            self.next_seq += 1
-            raise
+        self._staged.append(cast(Event, event))
         self.next_seq += 1
         return event
 
-    async def _resolve_doubt(self) -> None:
-        doubt = self._in_doubt
-        assert doubt is not None
-        row = await self.runtime.store.session(self.scope)  # raises while the store is away
-        if row is None or row.last_seq < doubt.seq:
-            self.next_seq = doubt.seq  # it never landed: its seq is free again
-            logger.info(
-                "%s: %s did not land; seq %d is reused",
+    async def emit(self, cls: type[E], payload: Any) -> E:
+        """Append one event, after any staged ones; raise what the store raised.
+
+        Staged events are optional (checkpoints): when an append that carries them fails
+        for another reason than a refusal, the writer warns, learns what landed, and
+        appends this event alone.
+        """
+        if self._in_doubt:
+            await self._resolve_doubt()
+        staged, self._staged = self._staged, []
+        event = self.make(cls, payload)
+        try:
+            await self._append([*staged, cast(Event, event)])
+        except InvalidEventError:
+            raise
+        except Exception as exc:
+            if not staged:
+                raise
+            logger.warning(
+                "writing %s of %s failed (%s: %s); the run goes on without it",
+                " and ".join(e.type for e in staged),
                 self.scope.describe(),
-                doubt.type,
-                doubt.seq,
+                type(exc).__name__,
+                exc,
             )
-        self._in_doubt = None
+            await self._resolve_doubt()
+            if self.next_seq > event.seq:
+                return event  # it landed after all
+            event = self.make(cls, payload)
+            await self._append([cast(Event, event)])
+        return event
+
+    async def _append(self, batch: list[Event]) -> None:
+        self.next_seq = batch[-1].seq + 1
+        try:
+            await self.runtime.store.append(batch)
+        except InvalidEventError:
+            self.next_seq = batch[0].seq  # refused: nothing of it is in the session
+            raise
+        except BaseException:
+            self._in_doubt = batch
+            raise
+
+    async def _resolve_doubt(self) -> None:
+        batch = self._in_doubt
+        row = await self.runtime.store.session(self.scope)  # raises while the store is away
+        landed = row.last_seq if row is not None else 0
+        # a batch lands as a prefix (a transaction, or records of one partition in order)
+        self.next_seq = max(batch[0].seq, min(landed, batch[-1].seq) + 1)
+        if self.next_seq <= batch[-1].seq:
+            logger.info(
+                "%s: %d event(s) from seq %d did not land; their seqs are reused",
+                self.scope.describe(),
+                batch[-1].seq + 1 - self.next_seq,
+                self.next_seq,
+            )
+        self._in_doubt = []
 
     async def confirm(self) -> None:
         """Wait until the read model holds this run's events; raise any refusal of them."""
+        if self._staged:
+            staged, self._staged = self._staged, []
+            await self._append(staged)
         await self.runtime.store.confirm(self.scope)
 
 
