@@ -1,39 +1,133 @@
-"""Checkpoint benchmark: our runtimes against LangGraph and loomflow 0.20.0, side by side.
+"""Checkpoint benchmark: what a user of our runtimes pays per agent pass, beside the peers.
 
-    .venv/bin/python -m bench.checkpoints [--variants single,conc] [--stores ...] [--reps 5]
-                                          [--json out.json]
+    .venv/bin/python -m bench.checkpoints [--variants single,conc,agent] [--stores ...]
+                                          [--reps 5] [--json out.json]
 
 Every (store, variant, repetition) runs in a fresh process that prints one JSON line;
-this parent only schedules them and prints the median and (min-max) over repetitions.
-The default stores include lf-pg / lf-pg-keepall when LOOMFLOW_POSTGRES_DSN is set, and
-lf-kafka (KafkaRuntime with its projector as a task in the measuring process) when
-LOOMFLOW_KAFKA_BOOTSTRAP is set too (``dev/services.sh start`` prints both).
-The peers live in their own venv (.cache/bench-peers, built here on first use) because
-PyPI's ``loomflow`` 0.20.0 is an unrelated project whose name clashes with ours.
+this parent only schedules them (each in a process group of its own, killed whole if it
+times out) and prints the median and (min-max) over repetitions. The default stores
+include lf-pg / lf-pg-keepall when LOOMFLOW_POSTGRES_DSN is set, and lf-kafka when
+LOOMFLOW_KAFKA_BOOTSTRAP is set too (``dev/services.sh start`` prints both). The peers
+(LangGraph's AsyncSqliteSaver, PyPI loomflow 0.20.0) live in their own venv
+(.cache/bench-peers, built here on first use) because PyPI's ``loomflow`` 0.20.0 is an
+unrelated project whose name clashes with ours.
+
+Variants: ``single`` (1 session x 200 passes) and ``conc`` (50 sessions x 40 passes under
+``asyncio.gather``) time the store API for every store; ``agent`` times the whole public
+API, ``Agent.run`` and ``Agent.resume``, on our stores only (the peers have no equivalent
+here: they are measured at their checkpoint-store API alone).
+
+**put** (one sample per pass; messages are built before the clock starts, the events'
+payloads inside it):
+
+- ``lf-*``: pass k as the Agent loop writes it, each append on its own:
+
+  1. ``writer.emit(TurnAppended, [user message k])``; from pass 2 on, this same append also
+     carries pass k-1's staged ``CheckpointWritten`` (one transaction on SQLite/PostgreSQL,
+     one send of two records on Kafka);
+  2. ``writer.emit(TurnAppended, [assistant message k with its tool call], usage,
+     model_call=True, step_key, input_hash)``;
+  3. ``writer.emit(TurnAppended, [tool result k], step_key, input_hash)``;
+  4. ``writer.stage(CheckpointWritten, ...)`` for pass k: no I/O, it rides with the next
+     emit.
+
+  The last pass of every session also includes ``await writer.confirm()``, which sends the
+  last staged checkpoint and returns once the read model holds all of the run's events
+  (SQLite/PostgreSQL: at that commit; lf-kafka: once the projector has applied them). A
+  session is claimed with ``open_session`` and given its system message before any timing.
+  On SQLite and PostgreSQL an emit returns once committed (appends of concurrent sessions
+  share commits); on lf-kafka it returns on the broker's ack (acks=all, idempotent) and only
+  the confirm waits for the projector.
+- peers: one checkpoint write per pass holding the whole transcript (see peer_runner.py).
+
+**wall s / ckpt/s**: the write phase of all sessions, confirms included; passes per second.
+
+**warm get (own cache)**: ours: ``runtime.get_checkpoint(scope)`` on the writing runtime
+after the writes. SQLite and PostgreSQL serve the transcript from that runtime's cache of
+what it wrote itself. lf-kafka's read side never sees its own appends (they go through
+Kafka), so its first read of a session folds the transcript from PostgreSQL and the later
+ones hit the cache. Peers: their latest-checkpoint read after the writes, in the same
+process.
+
+**cold read**: what a resume after a restart reads. Ours: ``await runtime.restore(scope)``
+on a new runtime instance opened after the writing one was closed (lf-kafka: a new
+KafkaRuntime, which reads the read model plus the session's unprojected tail of its
+partition), checked equal to what was written. Peers: their latest checkpoint from a
+reopened store. Connections are opened before the clock starts (ours: a restore of a
+session that does not exist, which also starts lf-kafka's log reader; peers: one list50).
+
+**list50**: newest first, up to 50 checkpoints, printed with the rows it returned. Ratios
+compare only stores that returned the same number of rows (lf-sqlite keeps 20, lg-sqlite
+keeps all, so list50 is compared between lf-sqlite-keepall and lg-sqlite).
+
+**lf-kafka**: ``KafkaRuntime(settings=...)`` on a schema, a topic prefix (6 partitions)
+and a processor id of this run's own. Its projector is ``loomflow processor`` in its own
+process, configured by LOOMFLOW_* variables alone; it is started before anything is timed,
+and the run waits until its heartbeat row in ``<schema>.processors`` holds all 6
+partitions (the sessions' claims, untimed, then prove it projects). It is stopped with
+SIGTERM at the end, always; then the schema, the topics (faust's changelog topics too)
+and faust's data directory are deleted. lf-pg drops its schema the same way.
+
+**agent**: for each of 4 sessions one after another, a new ``Agent`` (instructions = the
+workload's system prompt, ``ScriptedModel`` with no latency, one ``search_docs`` tool,
+``Tuning(checkpoint=True)`` and a stop hook that asks for another pass until 50) runs
+``agent.run(prompt)``. A pass is the user message (the prompt, then the stop hook's), the
+model's assistant message with one tool call (the workload's text and arguments), the
+tool's result and the model's answer: four emits, plus the staged checkpoint. ms per
+pass = wall of ``run()`` / passes; ``run()`` also holds the claim, the restore of the new
+session, ``RunFinished`` and the confirm. Resume after restart: a new Agent on a fresh
+runtime (opened after the writing one was closed) calls ``agent.resume(session_id=...)``:
+checkpoint lookup, claim, restore of the 201-message transcript, one more pass, confirm.
+Its restore is timed on its own too. One untimed 2-pass run warms the process first.
+
+**ok**: every session's latest checkpoint (warm) and restored state (cold) hold exactly the
+messages written and the last turn; list50 returned min(50, kept) rows; for ``agent`` the
+stored, restored and model-visible transcripts equal the one built independently here, and
+the call counts are those scripted. A processor that dies early makes the run fail.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import ctypes
 import json
 import os
 import platform
+import secrets
+import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loomflow.settings import Settings
 
 if not __package__:
     # run as a script (python bench/checkpoints.py): make ``bench`` and ``loomflow`` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workload import SYSTEM_PROMPT, VARIANTS, Adapter, PassContent, child_main
+from bench.workload import (
+    LIST_LIMIT,
+    SYSTEM_PROMPT,
+    VARIANTS,
+    Adapter,
+    Measure,
+    PassContent,
+    child_main,
+    measure,
+    pass_content,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PEER_VENV = REPO / ".cache" / "bench-peers"
@@ -58,8 +152,231 @@ PEER_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "lf020-sqlite": ("loomflow==0.20.0",),
 }
 ALL_STORES = (*OUR_STORES, *PEER_REQUIREMENTS)
+AGENT = "agent"
+ALL_VARIANTS = (*VARIANTS, AGENT)
+#: the agent variant's stores when --stores is not given (keepall changes nothing there)
+AGENT_STORES = ("lf-inproc", "lf-sqlite", "lf-pg", "lf-kafka")
+AGENT_SESSIONS, AGENT_PASSES, AGENT_WARMUP_PASSES = 4, 50, 2
 CHILD_TIMEOUT_S = 300
+KAFKA_PARTITIONS = 6
+PROCESSOR_READY_TIMEOUT_S = 90.0
+PROCESSOR_STOP_TIMEOUT_S = 60.0
 DASH = "\u2013"  # the range separator of the peers file, so tables compare line by line
+
+
+# -- the servers a run owns: schema, topics, a processor process --------------------------
+
+
+class Processor:
+    """``loomflow processor`` as its own process, configured by LOOMFLOW_* variables alone."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.log = workdir / "processor.log"
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._started = 0.0
+        self.ready_s: float | None = None
+        self.stop_s: float | None = None
+
+    def start(self) -> None:
+        s = self.settings
+        # only the variables below configure it, as they would for a user
+        env = {k: v for k, v in _clean_env().items() if not k.startswith("LOOMFLOW_")}
+        env.update(
+            LOOMFLOW_KAFKA_BOOTSTRAP=s.kafka_bootstrap,
+            LOOMFLOW_POSTGRES_DSN=s.postgres_dsn,
+            LOOMFLOW_SCHEMA=s.db_schema,
+            LOOMFLOW_TOPIC_PREFIX=s.topic_prefix,
+            LOOMFLOW_TOPIC_PARTITIONS=str(s.topic_partitions),
+            LOOMFLOW_PROCESSOR_ID=s.processor_id,
+        )
+        script = Path(sys.executable).parent / "loomflow"
+        command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [*command, "processor", "--loglevel", "warn"],
+                cwd=self.workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent(),
+            )
+        self._started = time.perf_counter()
+
+    async def wait_ready(self) -> None:
+        """Return once the processor's heartbeat row holds every partition of the topic."""
+        import asyncpg
+
+        s = self.settings
+        wanted = set(range(s.topic_partitions))
+        deadline = time.monotonic() + PROCESSOR_READY_TIMEOUT_S
+        conn = await asyncpg.connect(s.postgres_dsn)
+        try:
+            while True:
+                self.check_alive()
+                # the projector creates the schema and its table when it starts
+                with contextlib.suppress(
+                    asyncpg.UndefinedTableError, asyncpg.InvalidSchemaNameError
+                ):
+                    rows = await conn.fetch(
+                        f'SELECT partitions FROM "{s.db_schema}".processors '
+                        "WHERE consumer = $1 AND topic = $2",
+                        s.projector_group,
+                        s.events_topic,
+                    )
+                    if {p for row in rows for p in row[0]} == wanted:
+                        break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"loomflow processor held no full assignment of {s.events_topic} "
+                        f"after {PROCESSOR_READY_TIMEOUT_S:.0f} s: {self.tail()}"
+                    )
+                await asyncio.sleep(0.1)  # a table to poll: nothing to wait on instead
+        finally:
+            await conn.close()
+        self.ready_s = time.perf_counter() - self._started
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(
+                f"loomflow processor exited with {self.proc.returncode}: {self.tail()}"
+            )
+
+    async def stop(self) -> int | None:
+        """SIGTERM, then wait (SIGKILL after a minute); its exit code, None if killed."""
+        proc = self.proc
+        if proc is None:
+            return None
+        if proc.poll() is not None:
+            return proc.returncode
+        t0 = time.perf_counter()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.to_thread(proc.wait, PROCESSOR_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+            return None
+        finally:
+            self.stop_s = time.perf_counter() - t0
+        return code
+
+    def complaints(self) -> list[str]:
+        """Its log's warnings, errors and tracebacks (the rest is faust's start-up banner)."""
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return []
+        marks = ("[WARNING]", "[ERROR]", "[CRITICAL]", "Traceback")
+        return [line for line in text.splitlines() if any(m in line for m in marks)]
+
+    def tail(self, lines: int = 3) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return "no log"
+        kept = [line for line in text.strip().splitlines() if line.strip()]
+        return " / ".join(kept[-lines:])[-400:] or "no output"
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A pre-exec hook: the processor gets SIGTERM if the measuring process dies first.
+
+    Covers what no ``finally`` can: a SIGKILL of the measuring process. Linux only.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+    pr_set_pdeathsig = 1
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+    return hook
+
+
+class Servers:
+    """What one lf-pg / lf-kafka run owns on the servers, named from one random tag."""
+
+    def __init__(self, kafka: bool, workdir: Path) -> None:
+        from loomflow.settings import Settings
+
+        tag = secrets.token_hex(4)
+        #: topic prefix and processor id; faust names its own topics after the latter
+        self.name = f"lf-bench-ckpt-{tag}"
+        self.kafka = kafka
+        options: dict[str, Any] = {
+            "postgres_dsn": _postgres_dsn(),
+            "db_schema": f"lf_bench_ckpt_{tag}",
+        }
+        if kafka:
+            options.update(
+                kafka_bootstrap=_kafka_bootstrap(),
+                topic_prefix=self.name,
+                topic_partitions=KAFKA_PARTITIONS,
+                processor_id=self.name,
+            )
+        self.settings = Settings(**options)
+        self.processor: Processor | None = Processor(self.settings, workdir) if kafka else None
+        self.processor_exit: int | None = None
+        #: what it complained of at --loglevel warn (its log goes with the temp directory)
+        self.processor_complaints = 0
+        self.processor_complaint = ""
+
+    async def start_processor(self) -> None:
+        assert self.processor is not None
+        self.processor.start()
+        await self.processor.wait_ready()
+
+    async def remove(self) -> None:
+        """Stop the processor, then drop the schema and the topics; every step is tried."""
+        failures: list[str] = []
+        if self.processor is not None:
+            try:
+                self.processor_exit = await self.processor.stop()
+            except Exception as exc:
+                failures.append(f"stopping the processor: {exc!r}")
+            complaints = self.processor.complaints()
+            self.processor_complaints = len(complaints)
+            self.processor_complaint = complaints[-1][-300:] if complaints else ""
+            with contextlib.suppress(OSError):
+                shutil.rmtree(Path(tempfile.gettempdir()) / "loomflow" / f"{self.name}-data")
+        try:
+            await self._drop_schema()
+        except Exception as exc:
+            failures.append(f"dropping schema {self.settings.db_schema}: {exc!r}")
+        if self.kafka:
+            try:
+                await self._delete_topics()
+            except Exception as exc:
+                failures.append(f"deleting topics {self.name}*: {exc!r}")
+        if failures:
+            raise RuntimeError("cleanup failed: " + "; ".join(failures))
+
+    async def _drop_schema(self) -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.settings.postgres_dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{self.settings.db_schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    async def _delete_topics(self) -> None:
+        from aiokafka.admin import AIOKafkaAdminClient
+
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.kafka_bootstrap)
+        await admin.start()
+        try:
+            # ours (<name>.events ...) and faust's (<name>-...-changelog, <name>-__assignor...)
+            prefixes = (f"{self.name}.", f"{self.name}-")
+            mine = [t for t in await admin.list_topics() if t.startswith(prefixes)]
+            if mine:
+                await admin.delete_topics(mine)
+        finally:
+            await admin.close()
 
 
 # -- our runtimes (child side) ---------------------------------------------------------
@@ -73,24 +390,34 @@ class _Session:
     usage: Any
 
 
+@dataclass(frozen=True)
+class _Pass:
+    user: Any
+    assistant: Any
+    tool: Any
+    turn_usage: Any
+    cumulative: Any
+    message_count: int
+    model_hash: str
+    tool_hash: str
+
+
 class LoomflowAdapter(Adapter):
-    """A pass as the agent writes it: two ``turn.appended`` events, then a checkpoint.
+    """One of our runtimes, written to as the Agent loop writes (see the module docstring)."""
 
-    The checkpoint event carries no messages; ``get_checkpoint`` materialises the
-    transcript from the log, which is what a resume reads.
-
-    ``lf-kafka`` runs its projector as a task in this same process, on topics and a
-    schema of its own; each append returns once that projector has applied it.
-    """
-
-    def __init__(self, store: str, tmp: Path, schema: str | None = None) -> None:
+    def __init__(
+        self, store: str, tmp: Path, servers: Servers | None = None, *, owner: bool = True
+    ) -> None:
         from loomflow.runtime import InProcRuntime, KafkaRuntime, PostgresRuntime, SqliteRuntime
 
         path = tmp / "lf.db"
         self.store_name, self.tmp = store, tmp
-        # PostgreSQL: a fresh schema per run; the reopened (cold) instance drops it at close
-        self.schema = schema or f"lf_bench_{os.getpid()}_{time.time_ns() % 10**9}"
-        self.drops_schema = schema is not None
+        #: the writing instance owns the servers' names and the processor; a reopened one
+        #: (the cold reader) shares them and leaves their removal to the owner
+        self.owner = owner
+        self.servers = servers
+        if store.startswith(("lf-pg", "lf-kafka")) and servers is None:
+            self.servers = Servers(store == "lf-kafka", tmp)
         if store == "lf-inproc":
             self.runtime: Any = InProcRuntime()
         elif store == "lf-sqlite":
@@ -98,25 +425,14 @@ class LoomflowAdapter(Adapter):
         elif store == "lf-sqlite-keepall":
             self.runtime = SqliteRuntime(path, max_checkpoints_per_session=0)
         elif store in ("lf-pg", "lf-pg-keepall"):
+            assert self.servers is not None
             self.runtime = PostgresRuntime(
-                _postgres_dsn(),
-                schema=self.schema,
+                settings=self.servers.settings,
                 max_checkpoints_per_session=0 if store == "lf-pg-keepall" else 20,
             )
         elif store == "lf-kafka":
-            from loomflow.producers import Topics
-
-            # topic names allow the schema's characters: one name ties topics, schema, group
-            self.topics = Topics.prefixed(self.schema, partitions=KAFKA_PARTITIONS)
-            self.group = f"{self.schema}-projector"
-            self.runtime = KafkaRuntime(
-                _kafka_bootstrap(),
-                _postgres_dsn(),
-                topics=self.topics,
-                schema=self.schema,
-                group_id=self.group,
-            )
-            self._projecting: tuple[Any, asyncio.Event, asyncio.Task[None]] | None = None
+            assert self.servers is not None
+            self.runtime = KafkaRuntime(settings=self.servers.settings)
         else:
             raise ValueError(f"unknown store {store!r}")
         self.retain = self.runtime.max_checkpoints_per_session
@@ -124,14 +440,14 @@ class LoomflowAdapter(Adapter):
             self.files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
 
     async def open(self) -> None:
+        # connections, migrations, topics and the processor before anything is timed
         if self.store_name.startswith("lf-pg"):
-            await self.runtime.store.open()  # connect and migrate before anything is timed
+            await self.runtime.store.open()
         elif self.store_name == "lf-kafka":
-            # topics, producer, migration and listener first, then the projector: nothing
-            # of the setup is timed, and the first put does not wait for a group join
+            assert self.servers is not None
+            if self.owner:
+                await self.servers.start_processor()
             await self.runtime.store.start()
-            if not self.drops_schema:  # the writing instance; a reopened one only reads
-                self._projecting = await _start_projector(self.topics, self.schema, self.group)
 
     async def seed(self, index: int) -> _Session:
         from loomflow.runtime import Scope
@@ -144,8 +460,11 @@ class LoomflowAdapter(Adapter):
         await writer.emit(TurnAppended, TurnAppendedPayload(messages=[system]))
         return _Session(scope, writer, [system], Usage())
 
-    def add(self, handle: _Session, k: int, content: PassContent) -> tuple[Any, ...]:
+    def add(self, handle: _Session, k: int, content: PassContent) -> _Pass:
+        import hashlib
+
         from loomflow.schemas import Message, ToolCall, Usage
+        from loomflow.schemas.codec import input_hash
 
         call = ToolCall(id=content.call_id, name=content.tool_name, arguments=content.tool_args)
         user = Message.user(content.user)
@@ -154,37 +473,78 @@ class LoomflowAdapter(Adapter):
         turn_usage = Usage(input_tokens=content.input_tokens, output_tokens=content.output_tokens)
         handle.usage = handle.usage + turn_usage
         handle.messages += [user, assistant, tool]
-        return user, assistant, tool, turn_usage, handle.usage, len(handle.messages)
+        # the loop hashes the transcript so far for a model step: a 32-hex digest either way
+        model_hash = hashlib.sha256(f"{content.call_id}:{k}".encode()).hexdigest()[:32]
+        tool_hash = input_hash([call.name, call.arguments])
+        return _Pass(
+            user,
+            assistant,
+            tool,
+            turn_usage,
+            handle.usage,
+            len(handle.messages),
+            model_hash,
+            tool_hash,
+        )
 
-    async def put(self, handle: _Session, k: int, new: tuple[Any, ...]) -> None:
+    async def put(self, handle: _Session, k: int, new: _Pass) -> None:
         from loomflow.schemas import CheckpointWritten, TurnAppended, new_id
         from loomflow.schemas.events import CheckpointWrittenPayload, TurnAppendedPayload
 
-        user, assistant, tool, turn_usage, cumulative, count = new
         writer = handle.writer
+        # carries the previous pass's staged checkpoint, as the agent's next message does
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[new.user]))
         await writer.emit(
             TurnAppended,
-            TurnAppendedPayload(messages=[user, assistant], usage=turn_usage, model_call=True),
+            TurnAppendedPayload(
+                messages=[new.assistant],
+                usage=new.turn_usage,
+                model_call=True,
+                step_key=f"model:{k}",
+                input_hash=new.model_hash,
+            ),
         )
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[tool]))
         await writer.emit(
+            TurnAppended,
+            TurnAppendedPayload(
+                messages=[new.tool],
+                step_key=f"tool:{new.tool.tool_call_id}",
+                input_hash=new.tool_hash,
+            ),
+        )
+        writer.stage(
             CheckpointWritten,
             CheckpointWrittenPayload(
                 checkpoint_id=new_id("ckpt"),
                 turn=k,
-                cumulative_usage=cumulative,
+                cumulative_usage=new.cumulative,
                 cursor=f"pass:{k}",
-                message_count=count,
+                message_count=new.message_count,
                 retain=self.runtime.max_checkpoints_per_session,
             ),
         )
+
+    async def finish(self, handle: _Session) -> None:
+        await handle.writer.confirm()
 
     async def get_latest(self, handle: _Session) -> tuple[list[Any], int]:
         found = await self.runtime.get_checkpoint(handle.scope)
         return ([], -1) if found is None else (found.messages, found.turn)
 
+    async def connect(self, handle: _Session) -> None:
+        from loomflow.runtime import Scope
+        from loomflow.schemas import new_id
+
+        # a session that does not exist: connections (and lf-kafka's log reader) open,
+        # nothing of the session read
+        await self.runtime.restore(Scope(new_id("sess"), None))
+
+    async def cold_read(self, handle: _Session) -> tuple[list[Any], int]:
+        state = await self.runtime.restore(handle.scope)
+        return ([], -1) if state is None else (state.messages, state.turns)
+
     async def list50(self, handle: _Session) -> int:
-        return len(await self.runtime.list_checkpoints(handle.scope, 50))
+        return len(await self.runtime.list_checkpoints(handle.scope, LIST_LIMIT))
 
     def written(self, handle: _Session) -> list[Any]:
         return handle.messages
@@ -196,33 +556,13 @@ class LoomflowAdapter(Adapter):
 
     async def close(self) -> None:
         await self.runtime.close()
-        if self.store_name == "lf-kafka" and self._projecting is not None:
-            projector, stop, task = self._projecting
-            stop.set()
-            await task
-            await projector.stop()
-            self._projecting = None
-        if self.store_name.startswith(("lf-pg", "lf-kafka")) and self.drops_schema:
-            import asyncpg
 
-            conn = await asyncpg.connect(_postgres_dsn())
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{self.schema}" CASCADE')
-            finally:
-                await conn.close()
-        if self.store_name == "lf-kafka" and self.drops_schema:
-            from aiokafka.admin import AIOKafkaAdminClient
-
-            admin = AIOKafkaAdminClient(bootstrap_servers=_kafka_bootstrap())
-            await admin.start()
-            try:
-                topics = self.topics
-                await admin.delete_topics([topics.events, topics.snapshots, topics.dlq])
-            finally:
-                await admin.close()
+    async def teardown(self) -> None:
+        if self.owner and self.servers is not None:
+            await self.servers.remove()
 
     async def disk_bytes(self) -> int | None:
-        if not self.store_name.startswith(("lf-pg", "lf-kafka")):
+        if self.servers is None:
             return await super().disk_bytes()
         import asyncpg
 
@@ -234,46 +574,29 @@ class LoomflowAdapter(Adapter):
                 "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
                 "JOIN pg_namespace n ON n.oid = c.relnamespace "
                 "WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'm')",
-                self.schema,
+                self.servers.settings.db_schema,
             )
         finally:
             await conn.close()
         return int(size)
 
-    def reopen(self) -> Adapter | None:
+    def reopen(self) -> LoomflowAdapter | None:
         if self.store_name == "lf-inproc":
             return None
-        return type(self)(self.store_name, self.tmp, self.schema)
+        return LoomflowAdapter(self.store_name, self.tmp, self.servers, owner=False)
 
-
-KAFKA_PARTITIONS = 6
-ASSIGNMENT_TIMEOUT_S = 60.0
-
-
-async def _start_projector(
-    topics: Any, schema: str, group: str
-) -> tuple[Any, asyncio.Event, asyncio.Task[None]]:
-    """A projector task in this process, with the defaults of ``loomflow processor``.
-
-    Returns once the projector holds every partition, so no put waits for the join.
-    """
-    from loomflow.processors import Projector
-
-    projector = Projector(
-        _kafka_bootstrap(), _postgres_dsn(), topics=topics, schema=schema, group_id=group
-    )
-    await projector.start()
-    stop = asyncio.Event()
-    task = asyncio.create_task(projector.run(stop))
-    deadline = time.monotonic() + ASSIGNMENT_TIMEOUT_S
-    while projector.assignment() != set(range(topics.partitions)):
-        if time.monotonic() > deadline or task.done():
-            stop.set()
-            await task
-            await projector.stop()
-            raise RuntimeError(f"the projector got no full assignment of {topics.events}")
-        await asyncio.sleep(0.02)
-    return projector, stop, task
+    def processor_facts(self) -> dict[str, Any]:
+        servers = self.servers
+        if servers is None or servers.processor is None:
+            return {}
+        processor = servers.processor
+        return {
+            "processor_ready_s": processor.ready_s,
+            "processor_stop_s": processor.stop_s,
+            "processor_exit": servers.processor_exit,
+            "processor_complaints": servers.processor_complaints,
+            "processor_complaint": servers.processor_complaint,
+        }
 
 
 def _kafka_bootstrap() -> str:
@@ -298,6 +621,205 @@ def _postgres_dsn() -> str:
 
 def _our_versions() -> dict[str, Any]:
     return {"measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
+# -- the agent variant (child side) --------------------------------------------------------
+
+
+def _answer(k: int) -> str:
+    return f"Pass {k}: the documents answer it; sources cited above."
+
+
+class Research:
+    """A research agent on the workload's text: one ``search_docs`` call per pass.
+
+    The model is a ``ScriptedModel`` (no latency) whose replies alternate: the pass's
+    assistant message with its tool call, then a short answer. The stop hook asks for the
+    next pass, with the workload's user message, until ``passes`` passes are done.
+    """
+
+    def __init__(self, session: int, passes: int, *, replies_before: int = 0) -> None:
+        from loomflow.models import ScriptedModel
+
+        self.passes = passes
+        # one pass more than the run makes: the resume's
+        self.contents = [pass_content(session, k) for k in range(1, passes + 2)]
+        self._results = {c.tool_args["query"]: c.tool_result for c in self.contents}
+        self._replies = replies_before
+        self.model = ScriptedModel(self._reply)
+
+    def _reply(self, messages: Sequence[Any]) -> Any:
+        from loomflow.schemas import Message, ToolCall
+
+        # a counter, not a scan of the transcript: the script itself should cost nothing
+        index, self._replies = self._replies, self._replies + 1
+        content = self.contents[index // 2]
+        if index % 2:
+            return _answer(index // 2 + 1)
+        call = ToolCall(id=content.call_id, name=content.tool_name, arguments=content.tool_args)
+        return Message.assistant(content.assistant, [call])
+
+    def search_docs(self, query: str, limit: int = 5, filters: dict[str, Any] | None = None) -> str:
+        """Search the documentation.
+
+        Args:
+            query: what to look for
+            limit: how many hits to return
+            filters: field values the hits must have
+        """
+        return self._results[query]
+
+    def more(self, state: Any) -> str | None:
+        """Another pass, with the next user message, until ``passes`` are done."""
+        done = state.turns // 2  # two model calls a pass
+        return self.contents[done].user if done < self.passes else None
+
+    def agent(self, runtime: Any) -> Any:
+        from loomflow import Agent, Tuning
+
+        return Agent(
+            SYSTEM_PROMPT,
+            model=self.model,
+            runtime=runtime,
+            tuning=Tuning(
+                checkpoint=True, stop_hooks=[self.more], max_stop_hook_iterations=self.passes
+            ),
+            tools=[self.search_docs],
+        )
+
+    @property
+    def prompt(self) -> str:
+        return self.contents[0].user
+
+    def transcript(self) -> list[Any]:
+        """What ``passes`` passes leave in the session, built independently of the agent."""
+        from loomflow.schemas import Message, ToolCall
+
+        messages = [Message.system(SYSTEM_PROMPT)]
+        for k, c in enumerate(self.contents[: self.passes], 1):
+            call = ToolCall(id=c.call_id, name=c.tool_name, arguments=c.tool_args)
+            messages += [
+                Message.user(c.user),
+                Message.assistant(c.assistant, [call]),
+                Message.tool(c.call_id, c.tool_result),
+                Message.assistant(_answer(k)),
+            ]
+        return messages
+
+
+async def measure_agent(adapter: LoomflowAdapter) -> dict[str, Any]:
+    try:
+        return await _measure_agent(adapter)
+    finally:
+        await adapter.teardown()
+
+
+async def _measure_agent(adapter: LoomflowAdapter) -> dict[str, Any]:
+    from loomflow.agent import CONTINUATION_PROMPT
+    from loomflow.runtime import Scope
+    from loomflow.schemas import Message, new_id
+
+    sessions, passes = AGENT_SESSIONS, AGENT_PASSES
+    problems: list[str] = []
+    await adapter.open()
+    runtime = adapter.runtime
+    # the first run in a process pays imports, validators and first connections: untimed
+    warm = Research(-1, AGENT_WARMUP_PASSES)
+    await warm.agent(runtime).run(warm.prompt)
+
+    pass_ms: list[float] = []
+    walls: list[float] = []
+    done: list[tuple[int, str, list[Any]]] = []
+    wanted_rows = min(LIST_LIMIT, passes if adapter.retain < 1 else min(adapter.retain, passes))
+    for index in range(sessions):
+        research = Research(index, passes)
+        session_id = new_id("sess")
+        t0 = time.perf_counter()
+        result = await research.agent(runtime).run(research.prompt, session_id=session_id)
+        wall = time.perf_counter() - t0
+        walls.append(wall)
+        pass_ms.append(wall * 1000 / passes)
+        expected = research.transcript()
+        if result.model_calls != 2 * passes or result.stop_reason != "completed":
+            problems.append(
+                f"session {index}: {result.model_calls} model calls, {result.stop_reason}"
+            )
+        found = await runtime.get_checkpoint(Scope(session_id))
+        if found is None or found.messages != expected or found.turn != 2 * passes:
+            got = "none" if found is None else f"turn {found.turn}, {len(found.messages)} messages"
+            problems.append(f"session {index}: latest checkpoint {got}, wrote {len(expected)}")
+        rows = len(await runtime.list_checkpoints(Scope(session_id), LIST_LIMIT))
+        if rows != wanted_rows:
+            problems.append(f"session {index}: listed {rows} checkpoints, expected {wanted_rows}")
+        done.append((index, session_id, expected))
+    await adapter.close()
+
+    resume_ms: list[float] = []
+    restore_ms: list[float] = []
+    cold = adapter.reopen()
+    if cold is not None:
+        await cold.open()
+        try:
+            fresh = cold.runtime
+            await fresh.restore(Scope(new_id("sess")))  # connections, as for the cold read
+            restores: list[tuple[float, Any]] = []
+            restore = fresh.restore
+
+            async def timed_restore(scope: Any, checkpoint_id: str | None = None) -> Any:
+                t0 = time.perf_counter_ns()
+                state = await restore(scope, checkpoint_id)
+                restores.append(((time.perf_counter_ns() - t0) / 1e6, state))
+                return state
+
+            # the restore inside resume(), timed where the Agent calls it
+            fresh.restore = timed_restore
+            for index, session_id, expected in done:
+                research = Research(index, passes, replies_before=2 * passes)
+                restores.clear()
+                t0 = time.perf_counter_ns()
+                result = await research.agent(fresh).resume(session_id=session_id)
+                resume_ms.append((time.perf_counter_ns() - t0) / 1e6)
+                if len(restores) != 1 or restores[0][1] is None:
+                    problems.append(f"session {index}: resume restored {len(restores)} times")
+                else:
+                    ms, state = restores[0]
+                    restore_ms.append(ms)
+                    if state.messages != expected:
+                        problems.append(
+                            f"session {index}: resume restored {len(state.messages)} messages "
+                            f"that differ from the {len(expected)} written"
+                        )
+                seen = research.model.calls[0] if research.model.calls else []
+                if seen != [*expected, Message.user(CONTINUATION_PROMPT)]:
+                    problems.append(f"session {index}: the resumed model saw {len(seen)} messages")
+                if result.restored_turns != 2 * passes or result.model_calls != 2:
+                    problems.append(
+                        f"session {index}: resume restored {result.restored_turns} turns and "
+                        f"made {result.model_calls} model calls"
+                    )
+        finally:
+            await cold.close()
+    return {
+        "pass_ms_p50": statistics.median(pass_ms),
+        "run_wall_s": statistics.median(walls),
+        "resume_ms_p50": statistics.median(resume_ms) if resume_ms else None,
+        "restore_ms_p50": statistics.median(restore_ms) if restore_ms else None,
+        "sessions": sessions,
+        "passes": passes,
+        "transcript_messages": len(done[0][2]),
+        "ok": not problems,
+        "problems": problems[:3],
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
+async def run_variant(adapter: Adapter, variant: str) -> dict[str, Any]:
+    assert isinstance(adapter, LoomflowAdapter)
+    if variant == AGENT:
+        result = await measure_agent(adapter)
+    else:
+        result = await measure(adapter, variant)
+    return {**result, **adapter.processor_facts()}
 
 
 # -- peers venv --------------------------------------------------------------------------
@@ -364,23 +886,37 @@ def run_child(store: str, variant: str) -> dict[str, Any]:
     else:
         cmd = [sys.executable, "-m", "bench.checkpoints", "--child"]
     cmd += ["--store", store, "--variant", variant]
+    # its own process group: a timeout kills the child and the processor it started
+    child = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        done = subprocess.run(
-            cmd,
-            cwd=REPO,
-            env=_clean_env(),
-            capture_output=True,
-            text=True,
-            timeout=CHILD_TIMEOUT_S,
-        )
+        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {"store": store, "variant": variant, "error": f"timed out after {CHILD_TIMEOUT_S}s"}
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+        _kill_group(child)
+        reason = f"timed out after {CHILD_TIMEOUT_S}s (killed; its schema and topics may remain)"
+        return {"store": store, "variant": variant, "error": reason}
+    except BaseException:
+        _kill_group(child)
+        raise
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        reason = f"exit {done.returncode}: {_tail(done.stderr)}"
+        reason = f"exit {child.returncode}: {_tail(stderr)}"
         return {"store": store, "variant": variant, "error": reason}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
+
+
+def _kill_group(child: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child.pid, signal.SIGKILL)
+    child.communicate()
 
 
 def _fmt(value: float | None, kind: str) -> str:
@@ -401,26 +937,43 @@ def _spread(runs: list[dict[str, Any]], key: str, kind: str) -> str:
     return f"{_fmt(mid, kind)} ({_fmt(min(values), kind)}{DASH}{_fmt(max(values), kind)})"
 
 
-def _median(runs: list[dict[str, Any]], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get(key) is not None]
+def _median(runs: list[dict[str, Any]] | None, key: str) -> float | None:
+    values = [r[key] for r in runs or () if r.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def _rows(runs: list[dict[str, Any]]) -> int | None:
+    """The rows every run's list50 returned; None unless they all agree."""
+    seen = {r.get("list_rows") for r in runs}
+    only = seen.pop() if len(seen) == 1 else None
+    return only if isinstance(only, int) else None
+
+
+def _rows_note(runs: list[dict[str, Any]]) -> str:
+    seen = sorted({r["list_rows"] for r in runs if r.get("list_rows") is not None})
+    return f" [{'/'.join(map(str, seen)) or '?'} rows]"
 
 
 COLUMNS = (
     ("put p50 ms", "put_p50", "ms"),
     ("put p99 ms", "put_p99", "ms"),
-    ("get-latest p50 ms", "get_p50", "ms"),
-    ("cold get p50 ms", "cold_get_p50", "ms"),
-    ("list50 p50 ms", "list_p50", "ms"),
+    ("warm get (own cache) p50 ms", "warm_get_p50", "ms"),
+    ("cold read p50 ms", "cold_read_p50", "ms"),
+    ("list50 p50 ms [rows]", "list_p50", "ms"),
     ("wall s", "wall_s", "s"),
     ("ckpt/s", "ckpt_per_s", "rate"),
     ("disk MB", "disk_mb", "mb"),
 )
 RATIO_KEYS = (
     ("put p50", "put_p50"),
-    ("get-latest p50", "get_p50"),
-    ("cold get p50", "cold_get_p50"),
-    ("list50 p50", "list_p50"),
+    ("warm get p50", "warm_get_p50"),
+    ("cold read p50", "cold_read_p50"),
+)
+AGENT_COLUMNS = (
+    ("ms per pass p50", "pass_ms_p50", "ms"),
+    ("run wall s", "run_wall_s", "s"),
+    ("resume after restart ms", "resume_ms_p50", "ms"),
+    ("restore in resume ms", "restore_ms_p50", "ms"),
 )
 
 
@@ -432,60 +985,225 @@ def _ratio(ours: float | None, theirs: float | None) -> str:
     return f"{value:.2f}x" if value >= 0.1 else f"{value:.2g}x"
 
 
+def _list_ratio(
+    good: dict[str, list[dict[str, Any]]], candidates: Sequence[str], other: str
+) -> str:
+    """list50 of the first candidate that returned as many rows as ``other``, over it."""
+    rows = _rows(good[other])
+    for store in candidates:
+        if store in good and rows is not None and _rows(good[store]) == rows:
+            ratio = _ratio(_median(good[store], "list_p50"), _median(good[other], "list_p50"))
+            return f"list50 p50 {ratio} ({store} / {other}, {rows} rows each)"
+    return f"list50 p50 n/a (none of {', '.join(candidates)} returned {rows} rows)"
+
+
+def _table_row(
+    store: str, runs: list[dict[str, Any]], columns: Sequence[tuple[str, str, str]]
+) -> tuple[list[str], list[dict[str, Any]] | None]:
+    """The cells of one store's row, and its good runs (None when none ran)."""
+    fine = [r for r in runs if "error" not in r]
+    errors = sorted({r["error"] for r in runs if "error" in r})
+    if not fine:
+        why = errors[0] if errors else "not run"
+        cells = [store, "0", f"could not run: {why}", *[""] * (len(columns) - 1), "—"]
+        return [c.replace("|", "/") for c in cells], None
+    oks = sum(1 for r in fine if r["ok"])
+    ok = "True" if oks == len(fine) else f"False ({oks}/{len(fine)})"
+    if errors:
+        ok += f"; {len(runs) - len(fine)} run(s) failed: {errors[0]}".replace("|", "/")
+    cells = [store, str(len(fine))]
+    for _, key, kind in columns:
+        cell = _spread(fine, key, kind)
+        if key == "list_p50":
+            cell += _rows_note(fine)
+        cells.append(cell)
+    return [*cells, ok], fine
+
+
+def _header(columns: Sequence[tuple[str, str, str]]) -> list[str]:
+    header = ["store", "n", *(c[0] for c in columns), "ok"]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
+def good_runs(results: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    return {
+        store: fine
+        for store, runs in results.items()
+        if (fine := [r for r in runs if "error" not in r])
+    }
+
+
 def report(variant: str, stores: list[str], results: dict[str, list[dict[str, Any]]]) -> str:
     sessions, passes = VARIANTS[variant]
     out = [f"## variant {variant}: {sessions} session(s) x {passes} passes", ""]
-    header = ["store", "n", *(c[0] for c in COLUMNS), "ok"]
-    out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += _header(COLUMNS)
     good: dict[str, list[dict[str, Any]]] = {}
     for store in stores:
-        runs = results.get(store, [])
-        fine = [r for r in runs if "error" not in r]
-        errors = sorted({r["error"] for r in runs if "error" in r})
-        if not fine:
-            why = errors[0] if errors else "not run"
-            cells = [store, "0", f"could not run: {why}", *[""] * (len(COLUMNS) - 1), "—"]
-            out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-            continue
-        good[store] = fine
-        oks = sum(1 for r in fine if r["ok"])
-        ok = "True" if oks == len(fine) else f"False ({oks}/{len(fine)})"
-        if errors:
-            ok += f"; {len(runs) - len(fine)} run(s) failed: {errors[0]}"
-        cells = [store, str(len(fine)), *(_spread(fine, key, kind) for _, key, kind in COLUMNS), ok]
+        cells, fine = _table_row(store, results.get(store, []), COLUMNS)
         out.append("| " + " | ".join(cells) + " |")
+        if fine:
+            good[store] = fine
+    out += [
+        "",
+        "put (lf-*): 3 emits + a staged checkpoint per pass; the last pass of each session also",
+        "confirms. warm get (own cache): ours = get_checkpoint on the writing runtime, served",
+        "from the transcripts it cached; peers = their read after the writes, same process.",
+        "cold read: ours = runtime.restore(scope) on a fresh runtime; peers = latest checkpoint",
+        "from a reopened store.",
+    ]
 
     base = good.get("lf-sqlite")
     peers = [s for s in stores if s in PEER_REQUIREMENTS and s in good]
     if base and peers:
-        out += ["", "ratios, lf-sqlite / peer on medians (< 1: lf-sqlite is lower, i.e. better)"]
+        out += ["", "ratios, lf-sqlite / peer on medians (< 1: ours is lower, i.e. better);"]
+        out.append("list50 only between stores that returned the same number of rows")
         for peer in peers:
-            parts = []
-            for label, key in (*RATIO_KEYS, ("disk", "disk_mb")):
-                ours, theirs = _median(base, key), _median(good[peer], key)
-                ratio = _ratio(ours, theirs)
-                parts.append(f"{label} {ratio}")
+            parts = [
+                f"{label} {_ratio(_median(base, key), _median(good[peer], key))}"
+                for label, key in RATIO_KEYS
+            ]
+            parts.append(_list_ratio(good, ("lf-sqlite", "lf-sqlite-keepall"), peer))
+            parts.append(f"disk {_ratio(_median(base, 'disk_mb'), _median(good[peer], 'disk_mb'))}")
             out.append(f"  vs {peer:<14} " + "; ".join(parts))
 
     if "lf-pg" in good and "lf-kafka" in good:
-        out += ["", "ratios, lf-kafka / lf-pg on medians (the same read model, fed by Kafka)"]
-        parts = []
-        for label, key in (*RATIO_KEYS, ("disk", "disk_mb")):
-            parts.append(
-                f"{label} {_ratio(_median(good['lf-kafka'], key), _median(good['lf-pg'], key))}"
-            )
+        kafka, pg = good["lf-kafka"], good["lf-pg"]
+        out += ["", "ratios, lf-kafka / lf-pg on medians (the same read model; Kafka in front)"]
+        parts = [
+            f"put p50 {_ratio(_median(kafka, 'put_p50'), _median(pg, 'put_p50'))}",
+            f"put p99 {_ratio(_median(kafka, 'put_p99'), _median(pg, 'put_p99'))}",
+            f"ckpt/s {_ratio(_median(kafka, 'ckpt_per_s'), _median(pg, 'ckpt_per_s'))}"
+            " (> 1: lf-kafka writes more)",
+        ]
+        out.append("  " + "; ".join(parts))
+        parts = [
+            f"{label} {_ratio(_median(kafka, key), _median(pg, key))}"
+            for label, key in RATIO_KEYS[1:]
+        ]
+        parts.append(_list_ratio(good, ("lf-kafka",), "lf-pg"))
+        parts.append(f"disk {_ratio(_median(kafka, 'disk_mb'), _median(pg, 'disk_mb'))}")
         out.append("  " + "; ".join(parts))
 
-    out += ["", "extra: put p50 over the last 20 passes (largest transcripts); final transcript"]
-    out.append("JSON bytes (session 0, in the store's own message model)")
+    out += ["", "extra: put p50 over the last 20 passes (largest transcripts); the last pass of"]
+    out.append("each session (its confirm included); final transcript JSON bytes (session 0,")
+    out.append("in the store's own message model)")
     for store, fine in good.items():
         last = _spread(fine, "last20_put_p50", "ms")
-        size = _median(fine, "transcript_bytes")
-        out.append(f"  {store:<18} last20 put p50 {last} ms; transcript {size:,.0f} B")
-    problems = {p for runs in good.values() for r in runs for p in r.get("problems", [])}
-    for problem in sorted(problems)[:5]:
-        out.append(f"  verification problem: {problem}")
+        final = _spread(fine, "final_put_p50", "ms")
+        size = _median(fine, "transcript_bytes") or 0
+        out.append(
+            f"  {store:<18} last20 put p50 {last} ms; last pass {final} ms; "
+            f"transcript {size:,.0f} B"
+        )
+    out += _processor_lines(good)
+    out += _problem_lines(good)
     return "\n".join(out)
+
+
+def report_agent(stores: list[str], results: dict[str, list[dict[str, Any]]]) -> str:
+    out = [
+        f"## variant agent: Agent.run, {AGENT_SESSIONS} session(s) x {AGENT_PASSES} passes "
+        "one after another (ScriptedModel, no latency)",
+        "",
+    ]
+    out += _header(AGENT_COLUMNS)
+    good: dict[str, list[dict[str, Any]]] = {}
+    for store in stores:
+        cells, fine = _table_row(store, results.get(store, []), AGENT_COLUMNS)
+        out.append("| " + " | ".join(cells) + " |")
+        if fine:
+            good[store] = fine
+    messages = next((r["transcript_messages"] for runs in good.values() for r in runs), "?")
+    out += [
+        "",
+        "ms per pass = wall of Agent.run / passes (a pass: user message, assistant message with",
+        "one tool call, tool result, answer = 4 emits, plus the staged checkpoint; the run's",
+        "claim, restore, RunFinished and confirm included). resume after restart = a new Agent",
+        f"on a fresh runtime: agent.resume() restores the {messages}-message transcript, makes",
+        "one pass and confirms; restore in resume = its runtime.restore alone. The peers have no",
+        "equivalent: they are measured at their checkpoint-store API only.",
+    ]
+    out += _processor_lines(good)
+    out += _problem_lines(good)
+    return "\n".join(out)
+
+
+def _processor_lines(good: dict[str, list[dict[str, Any]]]) -> list[str]:
+    runs = good.get("lf-kafka")
+    if not runs:
+        return []
+    exits = sorted({str(r.get("processor_exit")) for r in runs})
+    lines = [
+        f"  lf-kafka's `loomflow processor`: ready {_spread(runs, 'processor_ready_s', 's')} s "
+        f"after its start; stopped by SIGTERM in {_spread(runs, 'processor_stop_s', 's')} s, "
+        f"exit code {'/'.join(exits)} (None: killed after {PROCESSOR_STOP_TIMEOUT_S:.0f} s)"
+    ]
+    logged = [r for r in runs if r.get("processor_complaints")]
+    if logged:
+        lines.append(
+            f"  it logged warnings or errors in {len(logged)} run(s), e.g. "
+            f"{logged[0]['processor_complaints']}, the last: {logged[0]['processor_complaint']!r}"
+        )
+    else:
+        lines.append("  it logged no warning or error (--loglevel warn)")
+    return lines
+
+
+def _problem_lines(good: dict[str, list[dict[str, Any]]]) -> list[str]:
+    problems = {
+        f"{store}: {p}" for store, runs in good.items() for r in runs for p in r.get("problems", [])
+    }
+    return [f"  verification problem: {p}" for p in sorted(problems)[:8]]
+
+
+def report_targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """The KafkaRuntime targets, each against the medians of this run."""
+    single = good_runs(results.get("single", {}))
+    conc = good_runs(results.get("conc", {}))
+    k50, pg50 = _median(single.get("lf-kafka"), "put_p50"), _median(single.get("lf-pg"), "put_p50")
+    k99 = _median(single.get("lf-kafka"), "put_p99")
+    krate = _median(conc.get("lf-kafka"), "ckpt_per_s")
+    pgrate = _median(conc.get("lf-pg"), "ckpt_per_s")
+    rows = [
+        _target(
+            "put p50 (single) <= 0.8x lf-pg's",
+            None if k50 is None or not pg50 else k50 / pg50,
+            0.8,
+            "x",
+            f"{_fmt(k50, 'ms')} / {_fmt(pg50, 'ms')} ms",
+            "needs lf-kafka and lf-pg in single",
+        ),
+        _target("put p50 (single) <= 2 ms", k50, 2.0, " ms", "", "needs lf-kafka in single"),
+        _target("put p99 (single) <= 10 ms", k99, 10.0, " ms", "", "needs lf-kafka in single"),
+        _target(
+            "ckpt/s (conc 50x40) >= 2x lf-pg's",
+            None if krate is None or not pgrate else krate / pgrate,
+            2.0,
+            "x",
+            f"{_fmt(krate, 'rate')} / {_fmt(pgrate, 'rate')} ckpt/s",
+            "needs lf-kafka and lf-pg in conc",
+            at_least=True,
+        ),
+    ]
+    return "\n".join(["## targets: lf-kafka (KafkaRuntime) against lf-pg (PostgresRuntime)", *rows])
+
+
+def _target(
+    label: str,
+    value: float | None,
+    limit: float,
+    unit: str,
+    detail: str,
+    missing: str,
+    *,
+    at_least: bool = False,
+) -> str:
+    if value is None:
+        return f"  {label:<36} not measured ({missing})"
+    met = value >= limit if at_least else value <= limit
+    shown = f"{value:.2f}{unit}" if unit == "x" else f"{value:.3f}{unit}"
+    detail = f" ({detail})" if detail else ""
+    return f"  {label:<36} measured {shown}{detail}: {'met' if met else 'MISSED'}"
 
 
 def default_stores() -> list[str]:
@@ -503,9 +1221,17 @@ def default_stores() -> list[str]:
     return chosen
 
 
+def _status(run: dict[str, Any]) -> str:
+    if "error" in run:
+        return str(run["error"])
+    if "pass_ms_p50" in run:
+        return f"{run['pass_ms_p50']:.3f} ms per agent pass"
+    return f"put p50 {run['put_p50']:.3f} ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--variants", default="single,conc")
+    parser.add_argument("--variants", default=",".join(ALL_VARIANTS))
     parser.add_argument(
         "--stores",
         help="comma-separated; default: every store whose services are configured",
@@ -515,10 +1241,16 @@ def main() -> None:
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     stores = [s for s in args.stores.split(",") if s] if args.stores else default_stores()
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [v for v in variants if v not in ALL_VARIANTS]
     unknown += [s for s in stores if s not in ALL_STORES]
     if unknown or args.reps < 1:
-        parser.error(f"unknown variant/store {unknown} (stores: {', '.join(ALL_STORES)})")
+        parser.error(
+            f"unknown variant/store {unknown} (variants: {', '.join(ALL_VARIANTS)}; "
+            f"stores: {', '.join(ALL_STORES)})"
+        )
+    # the agent variant drives our Agent: our stores only
+    agent_pool = OUR_STORES if args.stores else AGENT_STORES
+    by_variant = {v: [s for s in stores if v != AGENT or s in agent_pool] for v in variants}
 
     broken = ensure_peers(stores)
     results: dict[str, dict[str, list[dict[str, Any]]]] = {v: {} for v in variants}
@@ -526,14 +1258,13 @@ def main() -> None:
     # repetitions are the outer loop so slow drift in machine load hits every store alike
     for rep in range(1, args.reps + 1):
         for variant in variants:
-            for store in stores:
+            for store in by_variant[variant]:
                 if store in broken:
                     run = {"store": store, "variant": variant, "error": broken[store]}
                 else:
                     run = run_child(store, variant)
                 results[variant].setdefault(store, []).append(run)
-                status = run.get("error") or f"put p50 {run['put_p50']:.3f} ms"
-                _log(f"rep {rep}/{args.reps} {variant:<6} {store:<18} {status}")
+                _log(f"rep {rep}/{args.reps} {variant:<6} {store:<18} {_status(run)}")
 
     versions: dict[str, str] = {}
     for by_store in results.values():
@@ -549,14 +1280,25 @@ def main() -> None:
         print("# peers: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
     print(f"# each figure: median of {args.reps} fresh-process runs (min{DASH}max)\n")
     for variant in variants:
-        print(report(variant, stores, results[variant]) + "\n")
+        if variant == AGENT:
+            print(report_agent(by_variant[variant], results[variant]) + "\n")
+        else:
+            print(report(variant, by_variant[variant], results[variant]) + "\n")
+    if any(v in VARIANTS for v in variants):
+        print(report_targets(results) + "\n")
     if args.json:
         args.json.write_text(json.dumps({"reps": args.reps, "results": results}, indent=1))
+
+
+def _child() -> None:
+    make: Callable[[str, Path], Adapter] = LoomflowAdapter
+    run: Measure = run_variant
+    child_main(make, _our_versions, variants=ALL_VARIANTS, run=run)
 
 
 if __name__ == "__main__":
     if "--child" in sys.argv:
         sys.argv.remove("--child")
-        child_main(LoomflowAdapter, _our_versions)
+        _child()
     else:
         main()

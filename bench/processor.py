@@ -158,18 +158,26 @@ def event_stream(
 class Env:
     """One measurement's own topics, schema and consumer group."""
 
-    def __init__(self, snapshots: bool = True) -> None:
+    def __init__(self, snapshots: bool = True, tag: str | None = None) -> None:
         from loomflow.producers import Topics
+        from loomflow.settings import Settings
 
         #: whether workers publish the latest checkpoints to the snapshots topic (default)
         self.snapshots = snapshots
-        self.bootstrap = _env("LOOMFLOW_KAFKA_BOOTSTRAP")
-        self.dsn = _env("LOOMFLOW_POSTGRES_DSN")
-        self.tag = secrets.token_hex(4)
-        self.prefix = f"lf-bench-proc-{self.tag}"
-        self.topics = Topics.prefixed(self.prefix, partitions=PARTITIONS)
-        self.schema = f"lf_bench_proc_{self.tag}"
-        self.group = f"{self.prefix}-projector"
+        self.tag = tag or secrets.token_hex(4)
+        self.settings = Settings(
+            kafka_bootstrap=_env("LOOMFLOW_KAFKA_BOOTSTRAP"),
+            postgres_dsn=_env("LOOMFLOW_POSTGRES_DSN"),
+            db_schema=f"lf_bench_proc_{self.tag}",
+            topic_prefix=f"lf-bench-proc-{self.tag}",
+            topic_partitions=PARTITIONS,
+            processor_id=f"lf-bench-proc-{self.tag}",
+        )
+        self.bootstrap = self.settings.kafka_bootstrap
+        self.dsn = self.settings.postgres_dsn
+        self.topics = Topics.from_settings(self.settings)
+        self.schema = self.settings.db_schema
+        self.group = self.settings.projector_group
 
     async def create(self) -> None:
         from loomflow.producers import ensure_topics
@@ -211,7 +219,7 @@ class Env:
         argv = [sys.executable, "-m", "bench.processor", "--role", "worker"]
         if not self.snapshots:
             argv.append("--no-snapshots")
-        argv += ["--prefix", self.prefix, "--schema", self.schema, "--group", self.group]
+        argv += ["--tag", self.tag]
         argv += ["--expect", str(expect)]
         if profile is not None:
             argv += ["--profile", str(profile / f"worker-{self.tag}-{index}.pstats")]
@@ -328,6 +336,13 @@ class Workers:
             proc.stdin.write(word.encode() + b"\n")
             await proc.stdin.drain()
 
+    async def flush(self) -> list[dict[str, Any]]:
+        """Have every worker publish its due snapshots now; return when all have."""
+        await self.tell("flush")
+        return await asyncio.wait_for(
+            asyncio.gather(*(self._read(p) for p in self.procs)), READY_TIMEOUT_S
+        )
+
     async def stop(self) -> list[dict[str, Any]]:
         await self.tell("stop")
         reports = await asyncio.wait_for(
@@ -345,6 +360,117 @@ class Workers:
 
 
 # -- coordinator: throughput ----------------------------------------------------------------
+
+
+def latest_checkpoints(events: Sequence[Any]) -> dict[bytes, str]:
+    """record key -> the id of the session's last checkpoint in ``events``."""
+    from loomflow.producers import scope_key
+
+    latest: dict[bytes, str] = {}
+    for event in events:
+        if event.type == "checkpoint.written":
+            latest[scope_key(event.user_id, event.session_id)] = event.payload.checkpoint_id
+    return latest
+
+
+async def check_snapshots(env: Env, latest: dict[bytes, str]) -> list[str]:
+    """Problems with the snapshots topic: each session's last record must be its latest
+    checkpoint, whole (it validates as a Checkpoint)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from loomflow.schemas import Checkpoint
+    from loomflow.schemas.events import MAX_EVENT_BYTES
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=env.bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+    )
+    await consumer.start()
+    found: dict[bytes, bytes] = {}
+    try:
+        partitions = [TopicPartition(env.topics.snapshots, p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    found[record.key] = record.value
+    finally:
+        await consumer.stop()
+    problems = []
+    if set(found) != set(latest):
+        problems.append(f"snapshots of {len(found)} sessions, {len(latest)} checkpointed")
+    stale = [k for k, cid in latest.items() if k in found and cid not in found[k][:200].decode()]
+    if stale:
+        problems.append(f"{len(stale)} sessions' last snapshot is not their latest checkpoint")
+    for value in list(found.values())[:50]:
+        Checkpoint.model_validate_json(value)  # raises if a snapshot is not a checkpoint
+    return problems
+
+
+async def ceiling(total: int) -> dict[str, Any]:
+    """The raw ceiling on this machine: aiokafka getmany + binary COPY of the records and an
+    upsert of the partition's position, one transaction per partition batch, no decoding.
+    """
+    import gc
+
+    import asyncpg
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    env = Env()
+    await env.create()
+    conn = await asyncpg.connect(env.dsn)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=env.bootstrap, enable_auto_commit=False, max_partition_fetch_bytes=2**23
+    )
+    try:
+        events, _ = event_stream(total)
+        ends, _ = await produce_all(env, events)
+        del events
+        gc.collect()
+        s = f'"{env.schema}"'
+        await conn.execute(
+            f"CREATE SCHEMA {s}; CREATE TABLE {s}.raw (p int, o bigint, k bytea, v bytea); "
+            f"CREATE TABLE {s}.pos (p int PRIMARY KEY, o bigint)"
+        )
+        await consumer.start()
+        partitions = [TopicPartition(env.topics.events, p) for p in range(PARTITIONS)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        done = 0
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        while done < total:
+            for tp, records in (await consumer.getmany(timeout_ms=100, max_records=2000)).items():
+                async with conn.transaction():
+                    await conn.copy_records_to_table(
+                        "raw",
+                        schema_name=env.schema,
+                        records=[(tp.partition, r.offset, r.key, r.value) for r in records],
+                    )
+                    await conn.execute(
+                        f"INSERT INTO {s}.pos VALUES ($1, $2) ON CONFLICT (p) "
+                        "DO UPDATE SET o = excluded.o",
+                        tp.partition,
+                        records[-1].offset + 1,
+                    )
+                done += len(records)
+        seconds = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+    finally:
+        await consumer.stop()
+        await conn.close()
+        await env.drop()
+    del ends
+    return {
+        "events": total,
+        "seconds": seconds,
+        "events_per_s": total / seconds,
+        "cpu_us": cpu / total * 1e6,
+        "ok": True,
+        "problems": [],
+    }
 
 
 async def produce_all(env: Env, events: list[Any]) -> tuple[dict[int, int], float]:
@@ -374,6 +500,7 @@ async def throughput(
     try:
         built = time.perf_counter()
         events, sessions = event_stream(total)
+        latest = latest_checkpoints(events)
         build_s = time.perf_counter() - built
         sample = events[:: max(1, len(events) // 2000)]
         mean_bytes = statistics.fmean(len(e.model_dump_json()) for e in sample)
@@ -387,10 +514,14 @@ async def throughput(
         t0 = time.perf_counter()
         await crew.tell("go")
         await asyncio.wait_for(watch.reached.wait(), DONE_TIMEOUT_S)
+        projected = time.perf_counter()
+        if env.snapshots:
+            await crew.flush()  # the clock stops once the snapshots are out too
         t1 = time.perf_counter()
         cpu1 = cpu_seconds_by_command()
         reports = await crew.stop()
         counts = await env.counts()
+        snapshot_problems = await check_snapshots(env, latest) if env.snapshots else []
     finally:
         crew.kill()
         await watch.close()
@@ -405,11 +536,13 @@ async def throughput(
     first = commits[0][0]
     seconds = t1 - t0
     worker_cpu = sum(r["cpu_s"] for r in reports)
-    problems = []
+    problems = list(snapshot_problems)
     if counts["events"] != total or counts["dead_letters"]:
         problems.append(f"read model holds {counts}, expected {total} events and no dead letters")
     return {
         "events": total,
+        "snapshot_flush_ms": (t1 - projected) * 1e3,
+        "snapshots": sum(r["snapshots"] for r in reports),
         "sessions": sessions,
         "mean_event_bytes": mean_bytes,
         "workers": workers,
@@ -536,7 +669,7 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
 async def worker(args: argparse.Namespace) -> None:
     """One projector, as ``loomflow processor`` configures it; told when to go and stop."""
     from loomflow.processors import Projector
-    from loomflow.producers import Topics
+    from loomflow.processors.projector import tune_gc
 
     class SeekAware(Projector):
         """Knows when the seek of its latest assignment is done.
@@ -553,16 +686,9 @@ async def worker(args: argparse.Namespace) -> None:
             await super()._seek(consumer, assigned)
             self.sought = frozenset(tp.partition for tp in assigned)
 
-    topics = Topics.prefixed(args.prefix, partitions=PARTITIONS)
-    projector = SeekAware(
-        _env("LOOMFLOW_KAFKA_BOOTSTRAP"),
-        _env("LOOMFLOW_POSTGRES_DSN"),
-        topics=topics,
-        schema=args.schema,
-        group_id=args.group,
-        publish_snapshots=not args.no_snapshots,
-    )
+    projector = SeekAware(Env(tag=args.tag).settings, publish_snapshots=not args.no_snapshots)
     await projector.start()
+    tune_gc()  # as `loomflow processor` does once its projector has started
     loop = asyncio.get_running_loop()
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
@@ -581,14 +707,24 @@ async def worker(args: argparse.Namespace) -> None:
         if profiler is not None:
             profiler.enable()
         task = asyncio.create_task(projector.run(stop))
-        await loop.run_in_executor(None, sys.stdin.readline)  # "stop", or the parent is gone
+        # "flush": publish every due snapshot now (inside the coordinator's clock), then
+        # "stop"; an empty line means the parent is gone
+        while (word := (await loop.run_in_executor(None, sys.stdin.readline)).strip()) == "flush":
+            await projector.snapshots_published()
+            print(json.dumps({"flushed": projector.snapshots}), flush=True)
+        del word
         stop.set()
         await task
         cpu = time.process_time() - cpu0
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(args.profile)
-        report = {"cpu_s": cpu, "applied": projector.applied, "dead": projector.dead_lettered}
+        report = {
+            "cpu_s": cpu,
+            "applied": projector.applied,
+            "dead": projector.dead_lettered,
+            "snapshots": projector.snapshots,
+        }
     finally:
         await projector.stop()
     print(json.dumps(report), flush=True)
@@ -688,6 +824,25 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
                 f"per event on average (JSON); produced with EventProducer (acks=all, "
                 f"batches of 2,000) at {_spread(everything, 'produce_per_s')} events/s",
             ]
+    if "ceiling" in results:
+        fine = [r for r in results["ceiling"] if "error" not in r]
+        out += [
+            "",
+            f"## ceiling: aiokafka getmany + binary COPY of {args.events:,} raw records and a "
+            "position upsert, one transaction per partition batch, no decoding",
+            "",
+        ]
+        header = ["n", "events/s", "wall s", "CPU µs/event"]
+        if fine:
+            cells = [
+                _spread(fine, "events_per_s"),
+                _spread(fine, "seconds", 2),
+                _spread(fine, "cpu_us", 1),
+            ]
+            out += _table(header, [[str(len(fine)), *cells]])
+        else:
+            errors = sorted({r["error"] for r in results["ceiling"] if "error" in r})
+            out += _table(header, [["0", f"could not run: {errors[0] if errors else 'none'}"]])
     if "lag" in results:
         fine = [r for r in results["lag"] if "error" not in r]
         errors = sorted({r["error"] for r in results["lag"] if "error" in r})
@@ -706,23 +861,50 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
                 out.append(f"\n{negative} event(s) were committed before their ack arrived")
         else:
             out += _table(header, [["0", f"could not run: {errors[0] if errors else 'not run'}"]])
+    out += targets(results)
     problems = {p for runs in results.values() for r in runs for p in r.get("problems", [])}
     for problem in sorted(problems)[:5]:
         out.append(f"verification problem: {problem}")
     return "\n".join(out)
 
 
+def targets(results: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """The issue's targets for one worker, computed from the medians of this run."""
+
+    def median(key: str, field: str) -> float | None:
+        values = [r[field] for r in results.get(key, []) if "error" not in r]
+        return statistics.median(values) if values else None
+
+    one = median("throughput:1", "events_per_s")
+    raw = median("ceiling", "events_per_s")
+    p99 = median("lag", "lag_p99")
+    lines = ["", "## targets (medians of this run)", ""]
+
+    def line(what: str, value: float | None, goal: str, met: bool | None) -> None:
+        shown = "not measured" if value is None else f"{value:,.2f}"
+        verdict = "n/a" if met is None else ("met" if met else "MISSED")
+        lines.append(f"- {what}: {shown} (target {goal}): {verdict}")
+
+    line("1 worker events/s", one, ">= 20,000", None if one is None else one >= 20_000)
+    ratio = None if one is None or not raw else one / raw
+    line("1 worker / raw ceiling", ratio, ">= 0.6", None if ratio is None else ratio >= 0.6)
+    line("lag p99 ms at the lag rate", p99, "<= 25", None if p99 is None else p99 <= 25)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
-        "--role", default="parent", choices=("parent", "throughput", "lag", "worker")
+        "--role",
+        default="parent",
+        choices=("parent", "throughput", "ceiling", "lag", "worker"),
     )
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--workers", default="1,2", help="throughput cases, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lag-rate", type=float, default=1000.0)
     parser.add_argument("--lag-seconds", type=float, default=20.0)
-    parser.add_argument("--cases", default="throughput,lag")
+    parser.add_argument("--cases", default="throughput,ceiling,lag")
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
     parser.add_argument("--profile", type=Path, help="cProfile each worker into this directory")
     parser.add_argument(
@@ -732,9 +914,7 @@ def main() -> None:
         "to see what publishing costs",
     )
     # worker
-    parser.add_argument("--prefix")
-    parser.add_argument("--schema")
-    parser.add_argument("--group")
+    parser.add_argument("--tag", help="names the topics, schema and group of one measurement")
     parser.add_argument("--expect", type=int)
     args = parser.parse_args()
     _env("LOOMFLOW_KAFKA_BOOTSTRAP")
@@ -745,11 +925,13 @@ def main() -> None:
     if args.role == "worker":
         asyncio.run(worker(args))
         return
-    if args.role in ("throughput", "lag"):
+    if args.role in ("throughput", "ceiling", "lag"):
         snapshots = not args.no_snapshots
         try:
             if args.role == "throughput":
                 job = throughput(args.events, int(args.workers), args.profile, snapshots)
+            elif args.role == "ceiling":
+                job = ceiling(args.events)
             else:
                 job = lag(args.lag_rate, args.lag_seconds, args.profile, snapshots)
             result = asyncio.run(job)
@@ -769,6 +951,8 @@ def main() -> None:
         for w in args.workers.split(","):
             argv = ["--role", "throughput", "--events", str(args.events), "--workers", w]
             cases.append((f"throughput:{w}", argv + common))
+    if "ceiling" in wanted:
+        cases.append(("ceiling", ["--role", "ceiling", "--events", str(args.events)]))
     if "lag" in wanted:
         argv = ["--role", "lag", "--lag-rate", str(args.lag_rate)]
         argv += ["--lag-seconds", str(args.lag_seconds)]
@@ -783,6 +967,8 @@ def main() -> None:
                 status = run["error"]
             elif key == "lag":
                 status = f"lag p50 {run['lag_p50']:.1f} ms, p99 {run['lag_p99']:.1f} ms"
+            elif key == "ceiling":
+                status = f"{run['events_per_s']:,.0f} events/s (raw consume + COPY)"
             else:
                 status = f"{run['events_per_s']:,.0f} events/s"
             _log(f"rep {rep}/{args.reps} {key:<13} {status}")

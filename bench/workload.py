@@ -16,7 +16,7 @@ import tempfile
 import time
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,7 +104,11 @@ class Adapter(ABC):
 
     @abstractmethod
     async def put(self, handle: Any, k: int, new: Any) -> None:
-        """Write what the store writes for one pass, ending with one checkpoint (timed)."""
+        """Write what the store writes for one pass (timed).
+
+        The pass's checkpoint is written here, or staged to go out with the store's next
+        write (the next put, or ``finish`` after the last pass).
+        """
 
     @abstractmethod
     async def get_latest(self, handle: Any) -> tuple[list[Any], int]:
@@ -122,8 +126,22 @@ class Adapter(ABC):
     def transcript_json_bytes(self, messages: list[Any]) -> int:
         """Size of the transcript as compact JSON in the store's message model."""
 
+    async def finish(self, handle: Any) -> None:  # noqa: B027 - the peers end with their put
+        """What a session's writer does after its last pass (timed with that pass)."""
+
+    async def connect(self, handle: Any) -> None:
+        """Open a fresh instance's connections before its cold read is timed."""
+        await self.list50(handle)
+
+    async def cold_read(self, handle: Any) -> tuple[list[Any], int]:
+        """What a resume reads on a fresh instance: the transcript and its turn."""
+        return await self.get_latest(handle)
+
     async def close(self) -> None:  # noqa: B027
         pass
+
+    async def teardown(self) -> None:  # noqa: B027 - most stores leave nothing behind
+        """Release what outlives close (servers' schemas, topics, processes); always runs."""
 
     async def disk_bytes(self) -> int | None:
         """The store's footprint once closed: its files' sizes, None when it has none."""
@@ -148,6 +166,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
+    """Time one store on ``variant``; whatever happens, ``adapter.teardown()`` runs."""
+    try:
+        return await _measure(adapter, variant)
+    finally:
+        await adapter.teardown()
+
+
+async def _measure(adapter: Adapter, variant: str) -> dict[str, Any]:
     sessions, passes = VARIANTS[variant]
     await adapter.open()
     handles = [await adapter.seed(i) for i in range(sessions)]
@@ -158,6 +184,9 @@ async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
             new = adapter.add(handle, k, pass_content(index, k))
             t0 = time.perf_counter_ns()
             await adapter.put(handle, k, new)
+            if k == passes:
+                # the writer's end of run (our confirm) is part of what the last pass costs
+                await adapter.finish(handle)
             puts.append((k, (time.perf_counter_ns() - t0) / 1e6))
 
     started = time.perf_counter()
@@ -168,6 +197,7 @@ async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
     expected_listed = min(LIST_LIMIT, passes if adapter.retain < 1 else min(adapter.retain, passes))
     gets: list[float] = []
     lists: list[float] = []
+    list_rows: int | None = None
     problems: list[str] = []
     for index, handle in enumerate(handles):
         for r in range(reads):
@@ -183,56 +213,75 @@ async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
             t0 = time.perf_counter_ns()
             listed = await adapter.list50(handle)
             lists.append((time.perf_counter_ns() - t0) / 1e6)
-            if r == 0 and listed != expected_listed:
-                problems.append(f"session {index}: listed {listed}, expected {expected_listed}")
+            if r == 0:
+                list_rows = listed if list_rows is None else list_rows
+                if listed != expected_listed:
+                    problems.append(f"session {index}: listed {listed}, expected {expected_listed}")
 
     transcript_bytes = adapter.transcript_json_bytes(adapter.written(handles[0]))
     await adapter.close()
     disk = await adapter.disk_bytes()
 
-    # a resume after a restart reads with nothing in memory: time that first read too
-    cold_gets: list[float] = []
+    # a resume after a restart reads with nothing in memory: time that read on a fresh
+    # instance whose connections are open
+    cold_reads: list[float] = []
     cold = adapter.reopen()
     if cold is not None:
         await cold.open()
-        for handle in handles[:READ_SAMPLES]:
-            await cold.list50(handle)  # opens the connection; reads no transcript
-            t0 = time.perf_counter_ns()
-            messages, _ = await cold.get_latest(handle)
-            cold_gets.append((time.perf_counter_ns() - t0) / 1e6)
-            if messages != adapter.written(handle):
-                problems.append("a reopened store returned a different transcript")
-        await cold.close()
+        try:
+            for index, handle in enumerate(handles[:READ_SAMPLES]):
+                await cold.connect(handle)
+                t0 = time.perf_counter_ns()
+                messages, turn = await cold.cold_read(handle)
+                cold_reads.append((time.perf_counter_ns() - t0) / 1e6)
+                if turn != passes or messages != adapter.written(handle):
+                    problems.append(
+                        f"session {index}: a fresh instance read turn {turn} and "
+                        f"{len(messages)} messages, wrote {passes} / {len(adapter.written(handle))}"
+                    )
+        finally:
+            await cold.close()
     put_ms = [ms for _, ms in puts]
     return {
         "put_p50": percentile(put_ms, 50),
         "put_p99": percentile(put_ms, 99),
-        "get_p50": percentile(gets, 50),
-        "cold_get_p50": percentile(cold_gets, 50) if cold_gets else None,
+        "warm_get_p50": percentile(gets, 50),
+        "cold_read_p50": percentile(cold_reads, 50) if cold_reads else None,
         "list_p50": percentile(lists, 50),
+        "list_rows": list_rows,
         "wall_s": wall,
         "ckpt_per_s": len(puts) / wall,
         "disk_mb": None if disk is None else disk / 1e6,
         "ok": not problems,
         "problems": problems[:3],
         "last20_put_p50": percentile([ms for k, ms in puts if k > passes - LAST_N], 50),
+        "final_put_p50": percentile([ms for k, ms in puts if k == passes], 50),
         "transcript_bytes": transcript_bytes,
         "checkpoints": len(puts),
         "loadavg_1m": os.getloadavg()[0],
     }
 
 
-def child_main(make: Callable[[str, Path], Adapter], extra: Callable[[], dict[str, Any]]) -> None:
+Measure = Callable[[Adapter, str], Coroutine[Any, Any, dict[str, Any]]]
+
+
+def child_main(
+    make: Callable[[str, Path], Adapter],
+    extra: Callable[[], dict[str, Any]],
+    *,
+    variants: Sequence[str] = tuple(VARIANTS),
+    run: Measure = measure,
+) -> None:
     """Entry point of one measurement process: print exactly one JSON line on stdout."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
-    parser.add_argument("--variant", required=True, choices=sorted(VARIANTS))
+    parser.add_argument("--variant", required=True, choices=sorted(variants))
     args = parser.parse_args()
     result: dict[str, Any] = {"store": args.store, "variant": args.variant}
     try:
         with tempfile.TemporaryDirectory(prefix="lf-bench-") as tmp:
             adapter = make(args.store, Path(tmp))
-            result.update(asyncio.run(measure(adapter, args.variant)))
+            result.update(asyncio.run(run(adapter, args.variant)))
         result.update(extra())
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)

@@ -20,7 +20,7 @@ import faust
 
 from loomflow.errors import StoreError
 from loomflow.processors.analytics import run_transition, usage_delta
-from loomflow.processors.projector import Projector
+from loomflow.processors.projector import Projector, tune_gc
 from loomflow.producers import Topics, ensure_topics
 from loomflow.settings import Settings
 
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None) -> faust.App:
                 backoff = min(backoff * 2, 10.0)
         else:
             return
+        tune_gc()  # this process projects: see tune_gc
         logger.info("projecting %s", settings.describe())
         try:
             await projector.run(stopping)

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import socket
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,16 +32,17 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from loomflow.errors import InvalidEventError, StoreError
+from loomflow.processors.snapshots import SnapshotPublisher
 from loomflow.producers import EventProducer, Topics, scope_key
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
 from loomflow.projections.postgres import DeadLetterRow
-from loomflow.schemas import Checkpoint, CheckpointWritten, Event, RunStarted, SessionErased
+from loomflow.schemas import Event
 from loomflow.schemas.codec import decode_event
-from loomflow.schemas.events import MAX_EVENT_BYTES, SessionForked
+from loomflow.schemas.events import MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
-__all__ = ["DeadLetter", "Projector", "apply_records", "decode_record"]
+__all__ = ["DeadLetter", "Projector", "apply_records", "decode_record", "tune_gc"]
 
 logger = logging.getLogger("loomflow.processors.projector")
 
@@ -54,6 +57,9 @@ _REFUSED = (
     asyncpg.ProgramLimitExceededError,
 )
 
+#: events that set a session's epoch or end it: runtimes writing to it must hear of them
+_CLAIMS = frozenset({"run.started", "session.forked", "session.erased"})
+
 #: How long a stale heartbeat row may stand before a runtime calls its worker gone.
 HEARTBEAT_SECONDS = 2.0
 
@@ -64,17 +70,59 @@ class _Outcome:
     dead: list[DeadLetterRow] = field(default_factory=list)
 
 
-def decode_record(record: Any) -> Event:
-    """The event a record carries, checked against the record's key."""
-    if record.value is None:
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """No reset when a connection goes back to the pool: the projector leaves no session
+    state behind, and asyncpg's reset costs a round trip on every release."""
+
+
+async def _finish(lane: _Lane) -> None:
+    """Wait for the lane's batch in flight (its queue is empty), then end its task."""
+    await lane.idle.wait()
+    assert lane.task is not None
+    lane.task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await lane.task
+
+
+def tune_gc() -> None:
+    """Garbage collection for a process whose job is projecting (``loomflow processor``).
+
+    Decoding allocates tens of objects an event, so the young generation fills every few
+    dozen events, and each collection also walks what the process built at start-up (the
+    faust app, pydantic's validators). Measured here, that was over half of the
+    projector's CPU per event. Freezing the start-up heap and collecting the young
+    generation less often keeps the collector's cost near that of the garbage itself;
+    events are acyclic, so reference counting frees them without it.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
+def decode_record(record: Any) -> tuple[Event, str | None]:
+    """The event a record carries, checked against the record's key, and its payload as
+    JSON text (None when the record left the payload to its default).
+
+    The record is parsed once; the payload's text is kept for the log row, so the
+    projector never serialises again what the writer already did.
+    """
+    value = record.value
+    if value is None:
         raise InvalidEventError("a record without a value (a tombstone): not an event")
-    event = decode_event(record.value)
+    if len(value) > MAX_EVENT_BYTES:
+        raise InvalidEventError(f"event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}")
+    try:
+        data = orjson.loads(value)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidEventError(f"invalid event: Invalid JSON: {exc}") from exc
+    event = decode_event(data) if isinstance(data, dict) else decode_event(value)
     if record.key != scope_key(event.user_id, event.session_id):
         raise InvalidEventError(
             f"record key {record.key!r} is not the scope of the event it carries "
             f"(session {event.session_id!r}, user {event.user_id!r})"
         )
-    return event
+    payload = data.get("payload")
+    return event, None if payload is None else orjson.dumps(payload).decode()
 
 
 def _reason(exc: BaseException) -> str:
@@ -91,11 +139,11 @@ def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> lis
                 "u": event.user_id,
                 "s": event.session_id,
                 "epoch": event.epoch,
-                "erased": isinstance(event, SessionErased),
+                "erased": event.type == "session.erased",
             }
         ).decode()
         for event in outcome.applied
-        if isinstance(event, RunStarted | SessionForked | SessionErased)
+        if event.type in _CLAIMS
     ]
     notes.extend(
         orjson.dumps(
@@ -128,29 +176,36 @@ async def apply_records(
     """
     outcome = _Outcome()
     candidates: list[tuple[Event, Any]] = []
+    payloads: dict[int, str] = {}
     for record in records:
         try:
-            candidates.append((decode_record(record), record))
+            event, payload = decode_record(record)
         except InvalidEventError as exc:
             outcome.dead.append(_letter(tp, record, exc))
+            continue
+        candidates.append((event, record))
+        if payload is not None:
+            payloads[id(event)] = payload
     refused: list[tuple[Event, DeadLetterRow]] = []
     try:
         async with conn.transaction():  # the whole batch at once: the common case
-            await pg.apply_events(conn, schema, [event for event, _ in candidates])
+            await pg.apply_events(conn, schema, [event for event, _ in candidates], payloads)
         outcome.applied.extend(event for event, _ in candidates)
     except _REFUSED:
         # something in it was refused: one savepoint per event, so it fails alone
         for event, record in candidates:
             try:
                 async with conn.transaction():
-                    await pg.apply_events(conn, schema, [event])
+                    await pg.apply_events(conn, schema, [event], payloads)
             except _REFUSED as exc:
                 letter = _letter(tp, record, exc, event)
                 outcome.dead.append(letter)
                 refused.append((event, letter))
             else:
                 outcome.applied.append(event)
-    await pg.add_dead_letters(conn, schema, outcome.dead)
+    # a record consumed again (after a rebalance or a failed round) is dead-lettered once
+    outcome.dead = await pg.add_dead_letters(conn, schema, outcome.dead)
+    refused = [(event, letter) for event, letter in refused if letter in outcome.dead]
     for letter in outcome.dead:
         logger.warning("dead-lettered %s: %s", letter.source, pg.printable(letter.reason, 300))
     await pg.notify_sessions(conn, schema, _notes(outcome, refused))
@@ -177,10 +232,28 @@ class _SeekToStoredPositions(ConsumerRebalanceListener):  # type: ignore[misc]
         self._consumer = consumer
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        return None  # positions are committed with every batch; nothing to flush
+        # positions are committed with every batch: finish the ones in flight, drop the rest
+        await self._projector._retire(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         await self._projector._seek(self._consumer, assigned)
+
+
+class _Lane:
+    """One partition's fetched batches, applied in order by one task, one at a time."""
+
+    def __init__(self) -> None:
+        self.batches: deque[Sequence[Any]] = deque()
+        self.ready = asyncio.Event()
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.task: asyncio.Task[None] | None = None
+        self.applied_to: int | None = None  # next offset, once a batch has committed
+
+    def submit(self, records: Sequence[Any]) -> None:
+        self.batches.append(records)
+        self.idle.clear()
+        self.ready.set()
 
 
 class Projector:
@@ -200,6 +273,7 @@ class Projector:
         session_timeout_ms: int = 10_000,
         heartbeat_interval_ms: int = 1_000,
         publish_snapshots: bool = True,
+        snapshot_interval: float = 30.0,
     ) -> None:
         self.settings = settings = Settings.resolve(settings)
         self.bootstrap = settings.kafka_bootstrap
@@ -222,14 +296,17 @@ class Projector:
         self.applied = 0
         self.dead_lettered = 0
         self.failed_rounds = 0
-        self._snapshots_due: dict[tuple[str | None, str], CheckpointWritten] = {}
-        self._snapshots_wanted = asyncio.Event()
-        self._snapshots_idle = asyncio.Event()
-        self._snapshots_idle.set()
+        self.snapshot_interval = snapshot_interval
+        self._snapshots: SnapshotPublisher | None = None
         self._tasks: list[asyncio.Task[None]] = []
         #: set when a round failed: the consumer's position is past what was applied, so
         #: nothing is fetched until it is back at the positions stored in PostgreSQL
         self._resync = False
+        self._lanes: dict[TopicPartition, _Lane] = {}
+        self._lane_failure: BaseException | None = None
+        self._drained = asyncio.Event()
+        #: a partition whose lane holds this many batches is paused until it catches up
+        self.max_queued_batches = 2
 
     async def start(self) -> None:
         """Connect to PostgreSQL (migrating the schema) and join the consumer group.
@@ -245,7 +322,15 @@ class Projector:
     async def _start(self) -> None:
         try:
             self._pool = await asyncpg.create_pool(
-                self.dsn, min_size=1, max_size=8, timeout=self.settings.connect_timeout
+                self.dsn,
+                min_size=1,
+                max_size=8,
+                timeout=self.settings.connect_timeout,
+                reset=_keep_session,
+                # The read model is a view of the log: a commit PostgreSQL loses in a crash
+                # is projected again from the positions it stores beside the rows, so the
+                # projector need not wait for each commit's WAL flush (a disk sync a batch).
+                server_settings={"synchronous_commit": "off"},
             )
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise StoreError(
@@ -273,12 +358,19 @@ class Projector:
             raise unreachable(self.bootstrap, exc) from exc
         self._consumer = consumer
         await self._report()
-        self._tasks = [
-            asyncio.create_task(self._publish_snapshots()),
-            asyncio.create_task(self._heartbeat()),
-        ]
+        self._tasks = [asyncio.create_task(self._heartbeat())]
+        if self.publish_snapshots:
+            self._snapshots = SnapshotPublisher(
+                self._pool,
+                self._producer,
+                schema=self.schema,
+                topic=self.topics.snapshots,
+                interval=self.snapshot_interval,
+            )
+            self._tasks.append(asyncio.create_task(self._snapshots.run()))
 
     async def stop(self) -> None:
+        await self._retire(list(self._lanes))
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -289,6 +381,9 @@ class Projector:
             except Exception as exc:  # cancelled mid-query, asyncpg raises its own error
                 logger.debug("background task stopped with %r", exc)
         self._tasks = []
+        if self._snapshots is not None:
+            self._snapshots.close()
+            self._snapshots = None
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 await self._consumer.stop()
@@ -343,39 +438,118 @@ class Projector:
                 backoff = min(backoff * 2, 5.0)
 
     async def step(self) -> int:
-        """Fetch one round of records and apply them; return how many were handled.
+        """Fetch one round of records and hand each partition's to its lane; return how
+        many were fetched.
 
-        Partitions are applied concurrently, each in its own transaction on its own
-        connection: a session lives in one partition, so they never touch the same rows.
+        A lane per partition applies its batches in order, each in its own transaction
+        on its own connection (a session lives in one partition, so lanes never touch the
+        same rows), while this loop fetches the next records: decoding, folding and
+        PostgreSQL's work overlap instead of taking turns. A partition whose lane is
+        behind is paused, so memory stays bounded. A failed batch drops what its lane
+        still holds and fails the next step, which goes back to the stored positions.
         """
-        assert self._consumer is not None, "start() the projector first"
-        if self._resync:  # after a failed round: back to the stored positions first
-            await self._seek(self._consumer, list(self._consumer.assignment()))
+        consumer = self._consumer
+        assert consumer is not None, "start() the projector first"
+        if self._lane_failure is not None:
+            failure, self._lane_failure = self._lane_failure, None
+            raise failure
+        if self._resync:  # after a failed batch: back to the stored positions first
+            await self._retire(list(self._lanes))
+            await self._seek(consumer, list(consumer.assignment()))
+            consumer.resume(*consumer.assignment())
             self._resync = False
-        batches = await self._consumer.getmany(
-            timeout_ms=self.poll_ms, max_records=self.max_records
-        )
-        work = {tp: records for tp, records in batches.items() if records}
-        if not work:
-            return 0
-        outcomes = await asyncio.gather(
-            *(self._apply_partition(tp, records) for tp, records in work.items()),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        assigned = consumer.assignment()
+        if assigned and consumer.paused() >= assigned:
+            # every partition waits on its lane: wait for one to catch up instead of polling
+            self._drained.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._drained.wait(), self.poll_ms / 1000)
+        batches = await consumer.getmany(timeout_ms=self.poll_ms, max_records=self.max_records)
+        fetched = 0
+        for tp, records in batches.items():
+            if records:
+                self._lane(tp).submit(records)
+                fetched += len(records)
+        self._throttle(consumer)
+        await self._commit_offsets(consumer)
+        return fetched
+
+    async def idle(self) -> None:
+        """Wait until every fetched batch has been applied (or dropped after a failure)."""
+        for lane in list(self._lanes.values()):
+            await lane.idle.wait()
+
+    def _lane(self, tp: TopicPartition) -> _Lane:
+        lane = self._lanes.get(tp)
+        if lane is None:
+            lane = self._lanes[tp] = _Lane()
+            lane.task = asyncio.create_task(self._drive(tp, lane))
+        return lane
+
+    async def _drive(self, tp: TopicPartition, lane: _Lane) -> None:
+        while True:
+            await lane.ready.wait()
+            lane.ready.clear()
+            while lane.batches:
+                # everything fetched meanwhile goes in one transaction: under load batches
+                # grow by themselves, and a quiet partition still applies at once
+                records = [r for batch in lane.batches for r in batch]
+                lane.batches.clear()
+                try:
+                    await self._apply_partition(tp, records)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    # what follows in this lane would leave a gap: drop it and resync
+                    lane.batches.clear()
+                    self._resync = True
+                    if self._lane_failure is None:
+                        self._lane_failure = exc
+                    break
+                lane.applied_to = records[-1].offset + 1
+            lane.idle.set()
+            self._drained.set()
+
+    def _throttle(self, consumer: AIOKafkaConsumer) -> None:
+        paused = consumer.paused()
+        for tp, lane in self._lanes.items():
+            if tp not in consumer.assignment():
+                continue
+            if len(lane.batches) >= self.max_queued_batches and tp not in paused:
+                consumer.pause(tp)
+            elif len(lane.batches) < self.max_queued_batches and tp in paused:
+                consumer.resume(tp)
+
+    async def _commit_offsets(self, consumer: AIOKafkaConsumer) -> None:
         # Kafka's own committed offsets only shorten the replay after a restart: the
         # positions in PostgreSQL stay the truth (the consumer seeks to them)
-        with contextlib.suppress(KafkaError):
-            await self._consumer.commit(
-                {tp: records[-1].offset + 1 for tp, records in work.items()}
-            )
-        return sum(len(records) for records in work.values())
+        done = {}
+        for tp, lane in self._lanes.items():
+            if lane.applied_to is not None:
+                done[tp] = lane.applied_to
+                lane.applied_to = None
+        if done:
+            with contextlib.suppress(KafkaError):
+                await consumer.commit(done)
+
+    async def _retire(self, partitions: Sequence[TopicPartition]) -> None:
+        """Let the lanes of ``partitions`` finish the batch in flight, drop the rest."""
+        for tp in partitions:
+            lane = self._lanes.pop(tp, None)
+            if lane is None or lane.task is None:
+                continue
+            lane.batches.clear()  # the batch in flight commits or fails alone: consistent
+            await _finish(lane)
 
     async def snapshots_published(self) -> None:
-        """Wait until every checkpoint applied so far has been published (or failed to)."""
-        await self._snapshots_idle.wait()  # cleared whenever a snapshot falls due
+        """Publish every due snapshot now and wait until they are sent (or failed)."""
+        if self._snapshots is not None:
+            await self._snapshots.flush()
+
+    @property
+    def snapshots(self) -> int:
+        """How many snapshots this worker published."""
+        return 0 if self._snapshots is None else self._snapshots.published
 
     # -- internals -----------------------------------------------------------------------
 
@@ -422,62 +596,10 @@ class Projector:
                 logger.warning(
                     "dead-lettering %s to %s failed: %s", letter.source, self.topics.dlq, exc
                 )
-        if self.publish_snapshots:
+        if self._snapshots is not None:
             for event in outcome.applied:
-                if isinstance(event, CheckpointWritten):
-                    self._snapshots_due[(event.user_id, event.session_id)] = event
-            if self._snapshots_due:
-                self._snapshots_idle.clear()
-                self._snapshots_wanted.set()
-
-    async def _publish_snapshots(self) -> None:
-        """Publish the latest checkpoint of each session that wrote one, off the hot path.
-
-        Sessions that checkpoint again before their turn comes are published once, with
-        their newest checkpoint: under load the snapshot topic lags a little, projection
-        never waits for it.
-        """
-        assert self._producer is not None
-        while True:
-            await self._snapshots_wanted.wait()
-            self._snapshots_wanted.clear()
-            due, self._snapshots_due = self._snapshots_due, {}
-            for (user_id, session_id), event in due.items():
-                try:
-                    snapshot = await self._snapshot(user_id, session_id, event)
-                    if snapshot is not None:
-                        await self._producer.send_raw(
-                            self.topics.snapshots,
-                            snapshot.model_dump_json().encode(),
-                            key=scope_key(user_id, session_id),
-                        )
-                except Exception as exc:  # a snapshot is an optimisation: log, go on
-                    logger.warning("snapshot of session %s failed: %s", session_id, exc)
-            if not self._snapshots_due:
-                self._snapshots_idle.set()
-
-    async def _snapshot(
-        self, user_id: str | None, session_id: str, event: CheckpointWritten
-    ) -> Checkpoint | None:
-        assert self._pool is not None
-        async with self._pool.acquire() as conn:
-            row = await pg.get_checkpoint(
-                conn, self.schema, user_id, session_id, event.payload.checkpoint_id
-            )
-            if row is None:  # already dropped by retention in a later event of the batch
-                return None
-            messages = await pg.read_transcript(
-                conn, self.schema, user_id, session_id, row.base_seq, row.seq
-            )
-        return Checkpoint(
-            session_id=session_id,
-            checkpoint_id=row.checkpoint_id,
-            turn=row.turn,
-            messages=messages,
-            cumulative_usage=row.cumulative_usage,
-            cursor=row.cursor,
-            created_at=row.created_at,
-        )
+                if event.type == "checkpoint.written":
+                    self._snapshots.checkpointed(event)
 
     async def _report(self) -> None:
         assert self._pool is not None

@@ -92,6 +92,15 @@ class EventProducer:
             ) from exc
         return [Position(r.partition, r.offset) for r in records]
 
+    async def send_many(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
+        """Write (key, value) records and wait for all their acknowledgements at once."""
+        producer = await self._ready()
+        try:
+            pending = [await producer.send(topic, value=v, key=k) for k, v in records]
+            await asyncio.gather(*pending)
+        except KafkaError as exc:
+            raise StoreError(f"writing to Kafka topic {topic} failed: {exc}") from exc
+
     async def send_raw(
         self,
         topic: str,

@@ -8,7 +8,7 @@ all of them hold the same read model for the same log.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -258,8 +258,18 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
             mutations.append(EraseSession())
         case _:
             pass  # signals and future informational events change no projection
-    row = replace(session, **changes)
-    return row, mutations
+    return _evolve(session, changes), mutations
+
+
+def _evolve(row: SessionRow, changes: dict[str, Any]) -> SessionRow:
+    """``dataclasses.replace`` for the fold's hot path: a projector folds every event it
+    consumes, and ``replace`` re-runs ``__init__`` field by field (~5 µs a call here).
+    The row is frozen; its copy is filled in before anyone can see it."""
+    new = object.__new__(SessionRow)
+    state = new.__dict__
+    state.update(row.__dict__)
+    state.update(changes)
+    return new
 
 
 def materialise(parts: Iterable[Event], start: Sequence[Message] = ()) -> list[Message]:

@@ -17,7 +17,7 @@ import hashlib
 import logging
 import re
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -63,6 +63,7 @@ __all__ = [
     "forget_processor",
     "get_checkpoint",
     "get_step",
+    "latest_snapshots",
     "list_checkpoints",
     "list_processors",
     "load_positions",
@@ -171,6 +172,9 @@ _MIGRATIONS: dict[int, str] = {
     2: """
     ALTER TABLE {s}.dead_letters ADD COLUMN record bytea, ADD COLUMN record_key bytea,
         ADD COLUMN null_value boolean NOT NULL DEFAULT false;
+    DELETE FROM {s}.dead_letters a USING {s}.dead_letters b
+        WHERE a.source = b.source AND a.id > b.id;
+    CREATE UNIQUE INDEX dead_letters_source ON {s}.dead_letters (source);
     CREATE TABLE {s}.processors (
         consumer text NOT NULL,
         topic text NOT NULL,
@@ -251,6 +255,14 @@ def _uid(user_id: str | None) -> str:
     return "" if user_id is None else user_id
 
 
+#: batches of at least this many events write their log rows by COPY
+_COPY_FROM = 64
+
+
+def _payload_json(event: Event) -> str:
+    return event.payload.model_dump_json(exclude_defaults=True)
+
+
 #: (column, element type of its array parameter, its value for one row); json and jsonb
 #: columns take text that SQL casts, so json codecs a caller set on its connection never
 #: encode again what the models already serialised.
@@ -266,7 +278,7 @@ _LOG_COLUMNS: _Columns = (
     ("epoch", "bigint", lambda e: e.epoch),
     ("v", "int", lambda e: e.v),
     ("at", "timestamptz", lambda e: e.at),
-    ("payload", "json", lambda e: e.payload.model_dump_json(exclude_defaults=True)),
+    ("payload", "json", lambda e: _payload_json(e)),  # last: _write may pass it as given
 )
 _SESSION_ROW_COLUMNS: _Columns = (
     ("user_id", "text", lambda r: _uid(r.user_id)),
@@ -405,20 +417,56 @@ async def save_sessions(conn: asyncpg.Connection, schema: str, rows: Iterable[Se
 
 
 async def _write(
-    conn: asyncpg.Connection, schema: str, events: list[Event], sessions: list[SessionRow]
+    conn: asyncpg.Connection,
+    schema: str,
+    events: list[Event],
+    sessions: list[SessionRow],
+    payloads: Mapping[int, str],
 ) -> None:
-    """Append log rows and save session rows, in one statement (one round trip)."""
+    """Append log rows and save session rows.
+
+    A few rows go in one statement (one round trip). A projector's batch of thousands
+    goes by binary COPY, which costs PostgreSQL and asyncpg a fraction of array
+    parameters (asyncpg checks every array element's type), then one upsert of the
+    session rows.
+    """
     if not events:
         return  # every event was a redelivery: nothing changed
     s = _q(schema)
-    log = _insert(f"{s}.events", _LOG_COLUMNS)
-    save = _insert(f"{s}.sessions", _SESSION_ROW_COLUMNS, len(_LOG_COLUMNS) + 1, _SESSION_KEY)
     events = sorted(events, key=lambda e: (*_by_scope(e), e.seq))
+    save_sessions = sorted(sessions, key=_by_scope)
     try:
+        if len(events) >= _COPY_FROM:
+            await conn.copy_records_to_table(
+                "events",
+                schema_name=schema,
+                columns=[name for name, _, _ in _LOG_COLUMNS],
+                records=[
+                    (
+                        _uid(e.user_id),
+                        e.session_id,
+                        e.seq,
+                        e.type,
+                        e.event_id,
+                        e.run_id,
+                        e.epoch,
+                        e.v,
+                        e.at,
+                        payloads.get(id(e)) or _payload_json(e),
+                    )
+                    for e in events
+                ],
+            )
+            sql = _insert(f"{s}.sessions", _SESSION_ROW_COLUMNS, key=_SESSION_KEY)
+            await conn.execute(sql, *_arrays(_SESSION_ROW_COLUMNS, save_sessions))
+            return
+        log = _insert(f"{s}.events", _LOG_COLUMNS)
+        save = _insert(f"{s}.sessions", _SESSION_ROW_COLUMNS, len(_LOG_COLUMNS) + 1, _SESSION_KEY)
         await conn.execute(
             f"WITH log AS ({log}) {save}",
-            *_arrays(_LOG_COLUMNS, events),
-            *_arrays(_SESSION_ROW_COLUMNS, sorted(sessions, key=_by_scope)),
+            *_arrays(_LOG_COLUMNS[:-1], events),
+            [payloads.get(id(e)) or _payload_json(e) for e in events],
+            *_arrays(_SESSION_ROW_COLUMNS, save_sessions),
         )
     except asyncpg.UniqueViolationError as exc:
         # a concurrent writer committed the same seq of a session that had no row to lock
@@ -443,8 +491,16 @@ async def _stored_event_ids(
     return {(r[0] or None, r[1], r[2]): r[3] for r in rows}
 
 
-async def apply_events(conn: asyncpg.Connection, schema: str, events: Sequence[Event]) -> None:
+async def apply_events(
+    conn: asyncpg.Connection,
+    schema: str,
+    events: Sequence[Event],
+    payloads: Mapping[int, str] | None = None,
+) -> None:
     """Fold events into the read model and append them to the log, in the caller's transaction.
+
+    ``payloads`` maps ``id(event)`` to the payload JSON as the record carried it: a
+    consumer that decoded the record keeps its text instead of serialising it again.
 
     Each session touched is locked first, so concurrent writers of one session serialise.
     Re-appending an event already stored at its seq (same event id) is a no-op; anything
@@ -491,7 +547,7 @@ async def apply_events(conn: asyncpg.Connection, schema: str, events: Sequence[E
         stored[(*key, event.seq)] = event.event_id
         rows[key] = changed[key] = folded
     await _apply_in_waves(conn, schema, pending)
-    await _write(conn, schema, written, list(changed.values()))
+    await _write(conn, schema, written, list(changed.values()), payloads or {})
 
 
 # -- mutations -----------------------------------------------------------------------
@@ -514,20 +570,52 @@ async def _apply_in_waves(
     conn: asyncpg.Connection, schema: str, pending: dict[_Key, list[Mutation]]
 ) -> None:
     # Mutations of different sessions commute; only each session's own order matters. So
-    # a wave takes the next mutation of every session whose next one is of the same kind,
+    # a wave takes the next mutations of every session whose next one is of the same kind,
     # and applies them in one statement: a batch of a thousand sessions that each wrote a
-    # checkpoint costs two statements (insert, retention), not two thousand.
-    queues = dict(
-        sorted(
-            (((_uid(user), sid), deque(queue)) for (user, sid), queue in pending.items() if queue),
-            key=lambda item: item[0],
-        )
-    )
+    # checkpoint costs two statements (insert, retention), not two thousand. A session's
+    # run of new checkpoints goes in one wave, and its retentions with the same ``keep``
+    # collapse into the last one: keeping the newest k after each insert leaves what
+    # keeping them once after the last insert does.
+    queues = {
+        (_uid(user), sid): deque(_collapse(queue))
+        for (user, sid), queue in sorted(pending.items(), key=lambda item: _by_key(item[0]))
+        if queue
+    }
     while queues:
         kind = Counter(type(q[0]) for q in queues.values()).most_common(1)[0][0]
-        wave: _Wave = [(key, q.popleft()) for key, q in queues.items() if type(q[0]) is kind]
+        wave: _Wave = []
+        for key, q in queues.items():
+            if type(q[0]) is not kind:
+                continue
+            wave.append((key, q.popleft()))
+            while kind is PutCheckpoint and q and type(q[0]) is kind:
+                wave.append((key, q.popleft()))  # distinct rows: one insert takes them all
         await _apply_wave(conn, schema, wave)
         queues = {key: q for key, q in queues.items() if q}
+
+
+def _by_key(key: _Key) -> tuple[str, str]:
+    return _uid(key[0]), key[1]
+
+
+def _collapse(queue: list[Mutation]) -> list[Mutation]:
+    """A session's mutations with every retention that a later equal one (with only new
+    checkpoints between) makes redundant taken out."""
+    out: list[Mutation] = []
+    last_retain: int | None = None  # index in out of the retention still open to collapse
+    for mutation in queue:
+        if isinstance(mutation, RetainCheckpoints):
+            previous = out[last_retain] if last_retain is not None else None
+            if isinstance(previous, RetainCheckpoints) and previous.keep == mutation.keep:
+                del out[last_retain]  # type: ignore[arg-type]
+            out.append(mutation)
+            last_retain = len(out) - 1
+        elif isinstance(mutation, PutCheckpoint):
+            out.append(mutation)
+        else:
+            out.append(mutation)
+            last_retain = None
+    return out
 
 
 #: rows of a wave are ((user id, session id), mutation)
@@ -573,11 +661,14 @@ async def _apply_wave(conn: asyncpg.Connection, schema: str, wave: _Wave) -> Non
                     f"a checkpoint id that the session already has: {exc.detail or exc}"
                 ) from exc
         case RetainCheckpoints():
+            # the cut (the newest seq that goes) is found once per session, from the index;
+            # sessions that hold no more than they keep delete nothing and scan nothing
             await conn.execute(
-                f"DELETE FROM {s}.checkpoints c USING unnest($1::text[], $2::text[], "
-                "$3::bigint[]) AS r(u, s, keep) WHERE c.user_id = r.u AND c.session_id = r.s "
-                f"AND c.seq <= (SELECT o.seq FROM {s}.checkpoints o WHERE o.user_id = r.u "
-                "AND o.session_id = r.s ORDER BY o.seq DESC OFFSET r.keep LIMIT 1)",
+                f"DELETE FROM {s}.checkpoints c USING (SELECT r.u, r.s, (SELECT o.seq FROM "
+                f"{s}.checkpoints o WHERE o.user_id = r.u AND o.session_id = r.s ORDER BY "
+                "o.seq DESC OFFSET r.keep LIMIT 1) AS cut FROM unnest($1::text[], $2::text[], "
+                "$3::bigint[]) AS r(u, s, keep)) AS x WHERE x.cut IS NOT NULL "
+                "AND c.user_id = x.u AND c.session_id = x.s AND c.seq <= x.cut",
                 users,
                 sessions,
                 [m.keep for _, m in wave if isinstance(m, RetainCheckpoints)],
@@ -618,9 +709,17 @@ async def _apply_wave(conn: asyncpg.Connection, schema: str, wave: _Wave) -> Non
 
 # -- queries -------------------------------------------------------------------------
 
-_CHECKPOINT_COLUMNS = (
-    "checkpoint_id, seq, base_seq, turn, message_count, usage::text, cursor, created_at"
+_CHECKPOINT_NAMES = (
+    "checkpoint_id",
+    "seq",
+    "base_seq",
+    "turn",
+    "message_count",
+    "usage::text",
+    "cursor",
+    "created_at",
 )
+_CHECKPOINT_COLUMNS = ", ".join(_CHECKPOINT_NAMES)
 
 
 def _checkpoint_row(row: Any) -> CheckpointRow:
@@ -745,13 +844,10 @@ async def read_events(
     return events
 
 
-async def read_transcript(
+async def transcript_payloads(
     conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, lo: int, hi: int
-) -> list[Message]:
-    """Messages of the transcript events with lo <= seq <= hi, validated in one pass.
-
-    ``lo`` must be the transcript's base seq, so concatenation is the whole fold.
-    """
+) -> list[tuple[int, str]]:
+    """(seq, payload JSON) of the transcript events with lo <= seq <= hi, in seq order."""
     rows = await conn.fetch(
         f"SELECT seq, payload::text FROM {_q(schema)}.events WHERE user_id = $1 "
         "AND session_id = $2 AND seq >= $3 AND seq <= $4 AND type = ANY($5::text[]) "
@@ -762,7 +858,56 @@ async def read_transcript(
         hi,
         TRANSCRIPT_TYPES,
     )
-    return decode_transcript(session_id, [(row[0], row[1]) for row in rows])
+    return [(row[0], row[1]) for row in rows]
+
+
+async def latest_snapshots(
+    conn: asyncpg.Connection, schema: str, wanted: Sequence[tuple[str | None, str, str]]
+) -> list[tuple[str | None, str, CheckpointRow, list[str]]]:
+    """For each (user, session, checkpoint id) that still exists: the checkpoint row and
+    the payload JSON of its transcript events in seq order. Two statements for them all.
+    """
+    if not wanted:
+        return []
+    s = _q(schema)
+    rows = await conn.fetch(
+        f"SELECT c.user_id, c.session_id, {', '.join('c.' + n for n in _CHECKPOINT_NAMES)} "
+        f"FROM {s}.checkpoints c JOIN unnest($1::text[], $2::text[], $3::text[]) AS w(u, s, id) "
+        "ON c.user_id = w.u AND c.session_id = w.s AND c.checkpoint_id = w.id",
+        [_uid(w[0]) for w in wanted],
+        [w[1] for w in wanted],
+        [w[2] for w in wanted],
+    )
+    found = {(r[0], r[1]): _checkpoint_row(r[2:]) for r in rows}
+    if not found:
+        return []
+    keys = sorted(found)
+    parts = await conn.fetch(
+        f"SELECT e.user_id, e.session_id, e.payload::text FROM {s}.events e "
+        "JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(u, s, lo, hi) "
+        "ON e.user_id = w.u AND e.session_id = w.s AND e.seq >= w.lo AND e.seq <= w.hi "
+        "WHERE e.type = ANY($5::text[]) ORDER BY e.user_id, e.session_id, e.seq",
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+        [found[k].base_seq for k in keys],
+        [found[k].seq for k in keys],
+        TRANSCRIPT_TYPES,
+    )
+    payloads: dict[tuple[str, str], list[str]] = {k: [] for k in keys}
+    for part in parts:
+        payloads[(part[0], part[1])].append(part[2])
+    return [(k[0] or None, k[1], found[k], payloads[k]) for k in keys]
+
+
+async def read_transcript(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, lo: int, hi: int
+) -> list[Message]:
+    """Messages of the transcript events with lo <= seq <= hi, validated in one pass.
+
+    ``lo`` must be the transcript's base seq, so concatenation is the whole fold.
+    """
+    rows = await transcript_payloads(conn, schema, user_id, session_id, lo, hi)
+    return decode_transcript(session_id, rows)
 
 
 async def prune(
@@ -886,31 +1031,32 @@ def preview(raw: bytes | None, limit: int = 4096) -> str | None:
 
 async def add_dead_letters(
     conn: asyncpg.Connection, schema: str, letters: Sequence[DeadLetterRow]
-) -> None:
-    """Keep records a consumer could not apply, with why, so processing can go on.
+) -> list[DeadLetterRow]:
+    """Keep records a consumer could not apply, with why, so processing can go on; return
+    those that were not kept already (a record consumed again is dead-lettered once).
 
     The record's bytes are kept whole in ``record`` (bytea takes any byte); ``raw`` is a
     text preview for people reading the table.
     """
     if not letters:
-        return
-    await conn.executemany(
+        return []
+    sources = [printable(d.source, 500) for d in letters]
+    rows = await conn.fetch(
         f"INSERT INTO {_q(schema)}.dead_letters (source, reason, raw, event_id, error_type, "
-        "record, record_key, null_value) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        [
-            (
-                printable(d.source, 500),
-                printable(d.reason, 4000),
-                preview(d.record),
-                d.event_id,
-                d.error_type,
-                d.record,
-                d.key,
-                d.record is None,
-            )
-            for d in letters
-        ],
+        "record, record_key, null_value) SELECT * FROM unnest($1::text[], $2::text[], "
+        "$3::text[], $4::text[], $5::text[], $6::bytea[], $7::bytea[], $8::bool[]) "
+        "ON CONFLICT (source) DO NOTHING RETURNING source",
+        sources,
+        [printable(d.reason, 4000) for d in letters],
+        [preview(d.record) for d in letters],
+        [d.event_id for d in letters],
+        [d.error_type for d in letters],
+        [d.record for d in letters],
+        [d.key for d in letters],
+        [d.record is None for d in letters],
     )
+    added = {row[0] for row in rows}
+    return [d for d, source in zip(letters, sources, strict=True) if source in added]
 
 
 async def find_refusal(

@@ -10,10 +10,11 @@ Consistency, as a user meets it:
 - A fenced writer learns it from the projector's notifications (a newer epoch applied,
   or one of its events refused) and raises the embedded runtimes' typed error before its
   next append; at the latest when its run ends (``confirm``).
-- Read-your-writes: the store remembers the log positions of its own appends, and its
-  reads wait until the projector has passed them; a resume also folds the session's
-  unprojected tail of the log, so it never waits for a lagging read model. When a run
-  returns, the projector has applied all of it: other processes see its checkpoints.
+- Reads see the log: a listing or a checkpoint read first waits until the projector has
+  passed the end of the session's partition as it was when the read began, so it sees
+  every append Kafka acknowledged before it, this process's or another's. A resume folds
+  the session's unprojected tail of the log itself, so it never waits for a lagging read
+  model. When a run returns, the projector has applied all of it (``confirm``).
 """
 
 from __future__ import annotations
@@ -450,10 +451,28 @@ class KafkaStore(EventStore):
 
     # -- reads ---------------------------------------------------------------------------------
 
-    async def _own_writes_projected(self, scope: Scope) -> None:
-        watch = self._watches.get((scope.user_id, scope.session_id))
-        if watch is not None:
-            await self._projected(watch.written)
+    async def _synced(self, scope: Scope) -> None:
+        """Wait until the projector has applied everything the scope's partition held
+        when this read began: a listing or a checkpoint read sees every append that Kafka
+        acknowledged before it, from any process (one offsets request, then usually no
+        wait at all)."""
+        partition = await self._partition_of(scope)
+        tp = TopicPartition(self.topics.events, partition)
+        async with self._reader_lock:
+            reader = await self._reader()
+            try:
+                end = (await reader.end_offsets([tp]))[tp]
+            except KafkaError as exc:
+                raise StoreError(
+                    f"reading the end of {tp.topic}/{partition} failed: {exc}"
+                ) from exc
+        if end > 0:
+            await self._projected({partition: end - 1})
+
+    async def _partition_of(self, scope: Scope) -> int:
+        key = scope_key(scope.user_id, scope.session_id)
+        partitions = sorted(await self._producer.partitions_for())
+        return int(_partitioner(key, partitions, partitions))
 
     async def session(self, scope: Scope) -> SessionRow | None:
         """The session as the log has it: the read model's row plus unprojected events
@@ -470,7 +489,6 @@ class KafkaStore(EventStore):
     async def projected_session(self, scope: Scope) -> SessionRow | None:
         """The session's row in the read model, without the events it has not projected."""
         await self.start()
-        await self._own_writes_projected(scope)
         return await self._reads.session(scope)
 
     async def unprojected(self, scope: Scope, after_seq: int) -> list[Event]:
@@ -482,8 +500,7 @@ class KafkaStore(EventStore):
         """
         await self.start()
         key = scope_key(scope.user_id, scope.session_id)
-        partitions = sorted(await self._producer.partitions_for())
-        partition = _partitioner(key, partitions, partitions)
+        partition = await self._partition_of(scope)
         tp = TopicPartition(self.topics.events, partition)
         committed = (await self._reads.positions(self.group_id, self.topics.events)).get(
             partition, 0
@@ -531,19 +548,19 @@ class KafkaStore(EventStore):
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         await self.start()
-        await self._own_writes_projected(scope)
+        await self._synced(scope)
         return await self._reads.checkpoint(scope, checkpoint_id)
 
     async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
         await self.start()
-        await self._own_writes_projected(scope)
+        await self._synced(scope)
         return await self._reads.list_checkpoints(scope, limit)
 
     async def transcript(
         self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
     ) -> list[Message]:
+        """The transcript up to ``upto_seq``, a seq the caller read from the model."""
         await self.start()
-        await self._own_writes_projected(scope)
         return await self._reads.transcript(scope, base_seq, upto_seq, message_count)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
@@ -563,7 +580,7 @@ class KafkaStore(EventStore):
 
     async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
         await self.start()
-        await self._own_writes_projected(scope)
+        await self._synced(scope)
         return await self._reads.read_events(scope, after_seq)
 
     async def prune(

@@ -72,14 +72,25 @@ class Usage(BaseModel):
     cost_usd: float = 0.0
 
     def __add__(self, other: Usage) -> Usage:
-        # both sides are validated already; summing needs no second validation
-        return Usage.model_construct(
-            input_tokens=self.input_tokens + other.input_tokens,
-            cached_input_tokens=self.cached_input_tokens + other.cached_input_tokens,
-            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
-            output_tokens=self.output_tokens + other.output_tokens,
-            cost_usd=round(self.cost_usd + other.cost_usd, 10),
+        # Both sides are validated already; summing needs no second validation. This is
+        # what model_construct does, without its generic walk over the fields: the fold
+        # adds usage for every turn a projector consumes.
+        total = object.__new__(Usage)
+        object.__setattr__(
+            total,
+            "__dict__",
+            {
+                "input_tokens": self.input_tokens + other.input_tokens,
+                "cached_input_tokens": self.cached_input_tokens + other.cached_input_tokens,
+                "cache_write_tokens": self.cache_write_tokens + other.cache_write_tokens,
+                "output_tokens": self.output_tokens + other.output_tokens,
+                "cost_usd": round(self.cost_usd + other.cost_usd, 10),
+            },
         )
+        object.__setattr__(total, "__pydantic_fields_set__", set(_USAGE_FIELDS))
+        object.__setattr__(total, "__pydantic_extra__", None)
+        object.__setattr__(total, "__pydantic_private__", None)
+        return total
 
     @property
     def total_tokens(self) -> int:
@@ -89,3 +100,6 @@ class Usage(BaseModel):
             + self.cache_write_tokens
             + self.output_tokens
         )
+
+
+_USAGE_FIELDS = frozenset(Usage.model_fields)
