@@ -89,7 +89,7 @@ async def rebuild(
                 if not records:
                     continue
                 async with conn.transaction():
-                    outcome = await apply_records(conn, schema, consumer, tp, records)
+                    outcome = await apply_records(conn, schema, consumer, {tp: records})
                 done += len(records)
                 applied += len(outcome.applied)
                 dead += len(outcome.dead)

@@ -78,6 +78,7 @@ __all__ = [
     "read_transcript",
     "report_processor",
     "save_position",
+    "save_positions",
     "save_sessions",
     "schemas_with_processors",
     "sessions_channel",
@@ -988,6 +989,35 @@ async def load_positions(
     return {int(r[0]): int(r[1]) for r in rows}
 
 
+async def save_positions(
+    conn: asyncpg.Connection,
+    schema: str,
+    consumer: str,
+    topic: str,
+    next_offsets: Mapping[int, int],
+) -> None:
+    """Record the next offset to consume of each partition, in the caller's transaction,
+    in one statement.
+
+    Listeners of ``positions_channel(schema)`` hear ``consumer:topic:partition:offset``
+    for each when the transaction commits (never before, never if it rolls back).
+    """
+    partitions = sorted(next_offsets)
+    await conn.execute(
+        f"WITH saved AS (INSERT INTO {_q(schema)}.positions (consumer, topic, partition, "
+        "next_offset) SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) "
+        "ON CONFLICT (consumer, topic, partition) "
+        "DO UPDATE SET next_offset = greatest(positions.next_offset, excluded.next_offset)) "
+        "SELECT pg_notify($5, $1 || ':' || $2 || ':' || p::text || ':' || o::text) "
+        "FROM unnest($3::int[], $4::bigint[]) AS x(p, o)",
+        consumer,
+        topic,
+        partitions,
+        [next_offsets[p] for p in partitions],
+        positions_channel(schema),
+    )
+
+
 async def save_position(
     conn: asyncpg.Connection,
     schema: str,
@@ -996,22 +1026,8 @@ async def save_position(
     partition: int,
     next_offset: int,
 ) -> None:
-    """Record the next offset to consume, in the caller's transaction.
-
-    Listeners of ``positions_channel(schema)`` hear ``consumer:topic:partition:offset``
-    when the transaction commits (never before, never if it rolls back).
-    """
-    await conn.execute(
-        f"WITH saved AS (INSERT INTO {_q(schema)}.positions (consumer, topic, partition, "
-        "next_offset) VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, topic, partition) "
-        "DO UPDATE SET next_offset = greatest(positions.next_offset, excluded.next_offset)) "
-        "SELECT pg_notify($5, $1 || ':' || $2 || ':' || $3::text || ':' || $4::text)",
-        consumer,
-        topic,
-        partition,
-        next_offset,
-        positions_channel(schema),
-    )
+    """``save_positions`` for one partition."""
+    await save_positions(conn, schema, consumer, topic, {partition: next_offset})
 
 
 def printable(text: str, limit: int | None = None) -> str:

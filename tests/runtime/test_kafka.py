@@ -133,9 +133,9 @@ async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: K
 class _SlowProjector(Projector):
     """A loaded processor: every round of projection takes a while."""
 
-    async def _apply_partition(self, tp: Any, records: Any) -> None:
+    async def _apply(self, batches: Any) -> None:
         await asyncio.sleep(0.3)  # stands in for a busy database, not for synchronisation
-        await super()._apply_partition(tp, records)
+        await super()._apply(batches)
 
 
 async def test_another_process_reads_a_run_the_moment_it_returns(env: KafkaEnv) -> None:
