@@ -22,11 +22,15 @@ payloads inside it):
 
 - ``lf-*``: pass k as the Agent loop writes it, each append on its own:
 
-  1. ``writer.emit(TurnAppended, [user message k])``; from pass 2 on, this same append also
+  1. ``writer.send(TurnAppended, [user message k])``; from pass 2 on, this same append also
      carries pass k-1's staged ``CheckpointWritten`` (one transaction on SQLite/PostgreSQL,
-     one send of two records on Kafka);
+     one send of two records on Kafka). ``send`` is what the agent uses for the prompt of
+     a pass: the embedded stores commit it at once; on Kafka it returns once the records
+     are handed to the producer, and the next emit waits for their acknowledgement too
+     (in an agent, that acknowledgement overlaps the model call);
   2. ``writer.emit(TurnAppended, [assistant message k with its tool call], usage,
-     model_call=True, step_key, input_hash)``;
+     model_call=True, step_key, input_hash)``, which returns once it (and step 1) is
+     durable;
   3. ``writer.emit(TurnAppended, [tool result k], step_key, input_hash)``;
   4. ``writer.stage(CheckpointWritten, ...)`` for pass k: no I/O, it rides with the next
      emit.
@@ -492,8 +496,9 @@ class LoomflowAdapter(Adapter):
         from loomflow.schemas.events import CheckpointWrittenPayload, TurnAppendedPayload
 
         writer = handle.writer
-        # carries the previous pass's staged checkpoint, as the agent's next message does
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[new.user]))
+        # the pass's prompt, sent as the agent sends it (with the previous pass's staged
+        # checkpoint): on Kafka its acknowledgement is awaited with the model's answer
+        await writer.send(TurnAppended, TurnAppendedPayload(messages=[new.user]))
         await writer.emit(
             TurnAppended,
             TurnAppendedPayload(

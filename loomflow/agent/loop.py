@@ -230,7 +230,7 @@ class _Run:
             if not self.messages:
                 opening.append(Message.system(self.agent.instructions))
             opening.append(Message.user(prompt))
-            await self._append(opening)
+            await self._append(opening, durable=False)
             hook_iterations = 0
             while True:
                 await self._pass()
@@ -247,7 +247,7 @@ class _Run:
                     self.stop_reason = "stop_hook_limit"
                     break
                 hook_iterations += 1
-                await self._append([injected])
+                await self._append([injected], durable=False)
             output = self._output()
             await self.writer.emit(
                 RunFinished,
@@ -434,8 +434,17 @@ class _Run:
 
     # -- events and results -------------------------------------------------------------
 
-    async def _append(self, messages: list[Message], **fields: Any) -> None:
-        await self.writer.emit(TurnAppended, TurnAppendedPayload(messages=messages, **fields))
+    async def _append(
+        self, messages: list[Message], *, durable: bool = True, **fields: Any
+    ) -> None:
+        """Record messages. A model's answer and a tool's result must be durable before the
+        run acts on them; the prompt of a pass (``durable=False``) is ours to send again,
+        so on Kafka its acknowledgement overlaps the model call and the answer waits."""
+        payload = TurnAppendedPayload(messages=messages, **fields)
+        if durable:
+            await self.writer.emit(TurnAppended, payload)
+        else:
+            await self.writer.send(TurnAppended, payload)
         self.messages.extend(messages)
         for message in messages:
             self._digest.update(message.model_dump_json().encode())

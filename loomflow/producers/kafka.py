@@ -9,6 +9,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow.errors import StoreError
 from loomflow.producers.topics import Topics, scope_key, unreachable
@@ -16,6 +17,8 @@ from loomflow.schemas import Event
 from loomflow.schemas.events import MAX_EVENT_BYTES
 
 __all__ = ["EventProducer", "Position"]
+
+_partitioner = DefaultPartitioner()
 
 
 @dataclass(frozen=True, order=True)
@@ -35,6 +38,7 @@ class EventProducer:
         self._options = options
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
+        self._partitions: dict[bytes, int] = {}
 
     async def start(self) -> None:
         async with self._lock:
@@ -72,20 +76,48 @@ class EventProducer:
         producer = await self._ready()
         return set(await producer.partitions_for(self.topics.events))
 
+    async def partition_of(self, key: bytes) -> int:
+        """The events topic's partition of a record key, as the producer's default
+        partitioner picks it (murmur2 is pure Python here, so answers are kept)."""
+        partition = self._partitions.get(key)
+        if partition is None:
+            available = sorted(await self.partitions_for())
+            if len(self._partitions) >= 65_536:
+                self._partitions.clear()
+            partition = self._partitions[key] = int(_partitioner(key, available, available))
+        return partition
+
     async def send(self, events: Sequence[Event]) -> list[Position]:
         """Append events and wait until every broker replica has them (acks=all)."""
+        return await self.acked(await self.enqueue(events))
+
+    async def enqueue(self, events: Sequence[Event]) -> list[asyncio.Future[Any]]:
+        """Hand events to the producer, in order, without waiting for the broker; the
+        futures resolve when it acknowledges them (pass them to ``acked``)."""
         producer = await self._ready()
         try:
-            pending = [
-                await producer.send(
-                    self.topics.events,
-                    value=event.model_dump_json().encode(),
-                    key=scope_key(event.user_id, event.session_id),
-                    headers=[("type", event.type.encode())],
+            pending = []
+            for event in events:
+                key = scope_key(event.user_id, event.session_id)
+                pending.append(
+                    await producer.send(
+                        self.topics.events,
+                        value=event.model_dump_json().encode(),
+                        key=key,
+                        partition=await self.partition_of(key),
+                        headers=[("type", event.type.encode())],
+                    )
                 )
-                for event in events
-            ]
-            records = await asyncio.gather(*pending)
+            return pending
+        except KafkaError as exc:
+            raise StoreError(
+                f"appending to Kafka topic {self.topics.events} failed: {exc}"
+            ) from exc
+
+    async def acked(self, pending: Sequence[asyncio.Future[Any]]) -> list[Position]:
+        """Where enqueued events landed, once the broker acknowledged them all."""
+        try:
+            records = [await future for future in pending]
         except KafkaError as exc:
             raise StoreError(
                 f"appending to Kafka topic {self.topics.events} failed: {exc}"

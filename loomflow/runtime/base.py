@@ -276,6 +276,15 @@ class EventStore(ABC):
     async def append(self, events: Sequence[Event]) -> None:
         """Append events atomically; raise InvalidEventError subclasses on refusal."""
 
+    async def send(self, events: Sequence[Event]) -> None:
+        """Append events without waiting for them to be durable, where the store can.
+
+        For input that the caller still holds (a prompt): the next ``append`` or
+        ``confirm`` of the same session waits for them too, and raises their failure.
+        The embedded stores append at once.
+        """
+        await self.append(events)
+
     @abstractmethod
     async def session(self, scope: Scope) -> SessionRow | None:
         """The session's row, or None when it has no events."""
@@ -547,6 +556,8 @@ class SessionWriter:
         self.next_seq = next_seq
         self._staged: list[Event] = []
         self._in_doubt: list[Event] = []
+        #: events sent without waiting for durability: the next append waits for them
+        self._unacked: list[Event] = []
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
         """Build the event that the next append (plus ``offset``) will write."""
@@ -567,18 +578,27 @@ class SessionWriter:
         return event
 
     async def emit(self, cls: type[E], payload: Any) -> E:
-        """Append one event, after any staged ones; raise what the store raised.
+        """Append one event, after any staged ones, and return once it is durable.
 
-        Staged events are optional (checkpoints): when an append that carries them fails
-        for another reason than a refusal, the writer warns, learns what landed, and
-        appends this event alone.
+        Raise what the store raised. Staged events are optional (checkpoints): when a
+        write that carries them fails for another reason than a refusal, the writer
+        warns, learns what landed, and writes this event alone.
         """
+        return await self._write(cls, payload, durable=True)
+
+    async def send(self, cls: type[E], payload: Any) -> E:
+        """``emit`` for input the caller still holds (the prompt of a pass): on Kafka it
+        returns before the broker's acknowledgement, which the next ``emit`` (the model's
+        answer) waits for, so the acknowledgement overlaps the model call."""
+        return await self._write(cls, payload, durable=False)
+
+    async def _write(self, cls: type[E], payload: Any, *, durable: bool) -> E:
         if self._in_doubt:
             await self._resolve_doubt()
         staged, self._staged = self._staged, []
         event = self.make(cls, payload)
         try:
-            await self._append([*staged, cast(Event, event)])
+            await self._append([*staged, cast(Event, event)], durable=durable)
         except InvalidEventError:
             raise
         except Exception as exc:
@@ -595,19 +615,23 @@ class SessionWriter:
             if self.next_seq > event.seq:
                 return event  # it landed after all
             event = self.make(cls, payload)
-            await self._append([cast(Event, event)])
+            await self._append([cast(Event, event)], durable=durable)
         return event
 
-    async def _append(self, batch: list[Event]) -> None:
+    async def _append(self, batch: list[Event], *, durable: bool = True) -> None:
         self.next_seq = batch[-1].seq + 1
+        store = self.runtime.store
         try:
-            await self.runtime.store.append(batch)
+            await (store.append(batch) if durable else store.send(batch))
         except InvalidEventError:
-            self.next_seq = batch[0].seq  # refused: nothing of it is in the session
+            self.next_seq = (self._unacked or batch)[0].seq  # refused: none of it counts
+            self._unacked = []
             raise
         except BaseException:
-            self._in_doubt = batch
+            self._in_doubt = [*self._unacked, *batch]
+            self._unacked = []
             raise
+        self._unacked = [] if durable else [*self._unacked, *batch]
 
     async def _resolve_doubt(self) -> None:
         batch = self._in_doubt
@@ -629,7 +653,14 @@ class SessionWriter:
         if self._staged:
             staged, self._staged = self._staged, []
             await self._append(staged)
-        await self.runtime.store.confirm(self.scope)
+        try:
+            await self.runtime.store.confirm(self.scope)
+        except InvalidEventError:
+            raise
+        except BaseException:
+            self._in_doubt, self._unacked = [*self._unacked], []
+            raise
+        self._unacked = []
 
 
 _current_journal: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(

@@ -31,7 +31,6 @@ import asyncpg
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
-from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow import errors
 from loomflow.errors import (
@@ -72,9 +71,6 @@ __all__ = ["KafkaRuntime", "KafkaStore"]
 
 logger = logging.getLogger("loomflow.runtime.kafka")
 
-# the producer's own partitioner: the reader must find the partition the writer chose
-_partitioner = DefaultPartitioner()
-
 _REFUSALS: dict[str, type[InvalidEventError]] = {
     cls.__name__: cls
     for cls in (
@@ -89,6 +85,8 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
 _MAX_WATCHED = 4096
 
 _Key = tuple[str | None, str]
+#: events handed to the producer, with the futures of their acknowledgements
+_Sending = tuple[list[Event], list["asyncio.Future[Any]"]]
 
 
 def _refusal(error_type: str, reason: str) -> InvalidEventError:
@@ -143,6 +141,8 @@ class _Watch:
     unconfirmed: set[str] = field(default_factory=set)
     #: journal steps appended, with their partition and offset, until the projector has them
     steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
+    #: sent and not yet acknowledged (see KafkaStore.send)
+    sending: list[_Sending] = field(default_factory=list)
 
 
 class _Listener:
@@ -304,13 +304,27 @@ class KafkaStore(EventStore):
     # -- writes ------------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event]) -> None:
-        """Append to the log; return once Kafka acknowledged every event.
+        """Append to the log; return once Kafka acknowledged these events and any this
+        store sent earlier for the same sessions.
 
         Raises the typed refusal first if the projector has told this store that the
         session moved on (a newer epoch, an erasure, or a refused earlier event).
         """
         if not events:
             return
+        pending = await self._enqueue(events)
+        await self._settle({(e.user_id, e.session_id) for e in events}, pending)
+
+    async def send(self, events: Sequence[Event]) -> None:
+        """Hand events to the producer and return; the session's next ``append`` (or
+        ``confirm``) waits for their acknowledgement and raises their failure."""
+        if not events:
+            return
+        pending = await self._enqueue(events)
+        for key in {(e.user_id, e.session_id) for e in events}:
+            self._watch(key).sending.append(pending)
+
+    async def _enqueue(self, events: Sequence[Event]) -> _Sending:
         await self.start()
         for event in events:
             self._check(event)
@@ -320,15 +334,39 @@ class KafkaStore(EventStore):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
-        positions = await self._producer.send(events)
-        for event, position in zip(events, positions, strict=True):
-            watch = self._watch((event.user_id, event.session_id))
-            partition, offset = position.partition, position.offset
-            watch.written[partition] = max(watch.written.get(partition, -1), offset)
-            if isinstance(event, StepRecorded):
-                p = event.payload
-                row = StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
-                watch.steps[p.step_key] = (partition, offset, row)
+        return list(events), await self._producer.enqueue(events)
+
+    async def _settle(self, keys: set[_Key], *also: _Sending, quiet: bool = False) -> None:
+        """Wait for the acknowledgement of what was sent for ``keys`` (and ``also``), in
+        order, and note where each event landed; raise the first failure (unless
+        ``quiet``: then a failed send only means those events are not in the log)."""
+        waiting: list[_Sending] = []
+        for key in keys:
+            watch = self._watches.get(key)
+            if watch is not None and watch.sending:
+                waiting.extend(watch.sending)
+                watch.sending = []
+        waiting.extend(also)
+        failure: StoreError | None = None
+        for events, futures in waiting:
+            try:
+                positions = await self._producer.acked(futures)
+            except StoreError as exc:
+                failure = failure or exc
+                logger.debug("a send of %d event(s) failed: %s", len(events), exc)
+                continue
+            for event, position in zip(events, positions, strict=True):
+                self._landed(event, position.partition, position.offset)
+        if failure is not None and not quiet:
+            raise failure
+
+    def _landed(self, event: Event, partition: int, offset: int) -> None:
+        watch = self._watch((event.user_id, event.session_id))
+        watch.written[partition] = max(watch.written.get(partition, -1), offset)
+        if isinstance(event, StepRecorded):
+            p = event.payload
+            row = StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
+            watch.steps[p.step_key] = (partition, offset, row)
 
     def _check(self, event: Event) -> None:
         watch = self._watches.get((event.user_id, event.session_id))
@@ -359,7 +397,7 @@ class KafkaStore(EventStore):
         self._watches = {
             key: w
             for key, w in self._watches.items()
-            if w.unconfirmed or not self._positions.passed(w.written)
+            if w.unconfirmed or w.sending or not self._positions.passed(w.written)
         }
 
     def _heard(self, note: dict[str, Any]) -> None:
@@ -378,6 +416,7 @@ class KafkaStore(EventStore):
         """Wait until the projector applied this store's appends to ``scope``; raise the
         typed refusal of any of them."""
         key = (scope.user_id, scope.session_id)
+        await self._settle({key})
         watch = self._watches.get(key)
         if watch is None or not watch.unconfirmed:
             return
@@ -470,14 +509,15 @@ class KafkaStore(EventStore):
             await self._projected({partition: end - 1})
 
     async def _partition_of(self, scope: Scope) -> int:
-        key = scope_key(scope.user_id, scope.session_id)
-        partitions = sorted(await self._producer.partitions_for())
-        return int(_partitioner(key, partitions, partitions))
+        return await self._producer.partition_of(scope_key(scope.user_id, scope.session_id))
 
     async def session(self, scope: Scope) -> SessionRow | None:
         """The session as the log has it: the read model's row plus unprojected events
-        (this store's own among them, so it never waits for the projector)."""
+        (this store's own among them, so it never waits for the projector). What this
+        store sent for the session is settled first: acknowledged, or known not to be in
+        the log."""
         await self.start()
+        await self._settle({(scope.user_id, scope.session_id)}, quiet=True)
         row = await self._reads.session(scope)
         for event in await self.unprojected(scope, row.last_seq if row else 0):
             try:

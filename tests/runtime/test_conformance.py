@@ -6,8 +6,11 @@ itself by passing this module unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -20,8 +23,8 @@ from loomflow.errors import (
     UnsafeDeserializationError,
 )
 from loomflow.models import ScriptedModel
-from loomflow.runtime import Journal, Scope
-from loomflow.schemas import CheckpointWritten, TurnAppended, Usage, new_id
+from loomflow.runtime import EventStore, Journal, Scope
+from loomflow.schemas import CheckpointWritten, Event, TurnAppended, Usage, new_id
 from loomflow.schemas.events import TurnAppendedPayload
 from tests.support.backends import Backend
 from tests.support.scenario import Research, SimulatedCrash
@@ -305,25 +308,46 @@ async def test_unknown_checkpoint_is_a_clear_error(backend: Backend) -> None:
 # --- failures -------------------------------------------------------------------------
 
 
+Write = Callable[[Sequence[Event]], Awaitable[None]]
+
+
+@contextlib.contextmanager
+def faulty(store: EventStore, fault: Callable[[Write, Sequence[Event]], Awaitable[None]]) -> Any:
+    """Every write of ``store`` goes through ``fault(real_write, events)`` meanwhile: its
+    ``append``, and its ``send`` where the store has one of its own (Kafka's)."""
+    names = ["append"] + (["send"] if type(store).send is not EventStore.send else [])
+    for name in names:
+        real = getattr(store, name)
+
+        async def write(events: Sequence[Event], _real: Write = real) -> None:
+            await fault(_real, events)
+
+        setattr(store, name, write)
+    try:
+        yield
+    finally:
+        for name in names:
+            delattr(store, name)
+
+
+def _checkpoint_in(events: Sequence[Event]) -> str | None:
+    return next((e.event_id for e in events if isinstance(e, CheckpointWritten)), None)
+
+
 async def test_failed_checkpoint_write_warns_and_the_run_goes_on(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     runtime = backend.runtime()
-    store = runtime.store
-    real_append = store.append
 
-    async def flaky_append(events):  # type: ignore[no-untyped-def]
-        if any(isinstance(e, CheckpointWritten) for e in events):
+    async def disk_full(write: Write, events: Sequence[Event]) -> None:
+        if _checkpoint_in(events):
             raise OSError("disk full")
-        await real_append(events)
+        await write(events)
 
-    store.append = flaky_append  # type: ignore[method-assign]
-    try:
+    with faulty(runtime.store, disk_full):
         research = Research(passes=2)
-        with caplog.at_level(logging.WARNING, logger="loomflow.agent"):
+        with caplog.at_level(logging.WARNING, logger="loomflow.runtime"):
             result = await research.agent(runtime).run("Research.", session_id="s1")
-    finally:
-        del store.append  # type: ignore[method-assign]
     assert result.output.startswith("Pass 2:") and result.turns == 6
     assert (
         sum(
@@ -338,23 +362,19 @@ async def test_a_write_that_lands_and_then_raises_never_ends_the_run(
     backend: Backend, caplog: pytest.LogCaptureFixture
 ) -> None:
     runtime = backend.runtime()
-    store = runtime.store
-    real_append = store.append
     in_doubt: list[str] = []
 
-    async def lands_then_raises(events):  # type: ignore[no-untyped-def]
-        await real_append(events)
-        if not in_doubt and any(isinstance(e, CheckpointWritten) for e in events):
-            in_doubt.append(events[-1].event_id)
+    async def lands_then_raises(write: Write, events: Sequence[Event]) -> None:
+        await write(events)
+        checkpoint = _checkpoint_in(events)
+        if not in_doubt and checkpoint:
+            in_doubt.append(checkpoint)
             raise TimeoutError("the write landed but its reply was lost")
 
-    store.append = lands_then_raises  # type: ignore[method-assign]
-    try:
+    with faulty(runtime.store, lands_then_raises):
         research = Research(passes=3)
-        with caplog.at_level(logging.WARNING, logger="loomflow.agent"):
+        with caplog.at_level(logging.WARNING, logger="loomflow.runtime"):
             result = await research.agent(runtime).run("Research.", session_id="s1")
-    finally:
-        del store.append  # type: ignore[method-assign]
     assert in_doubt, "the fault was never injected"
     assert result.output.startswith("Pass 3:") and result.turns == 9
     assert any("reply was lost" in r.getMessage() for r in caplog.records)
@@ -367,22 +387,18 @@ async def test_a_write_that_lands_and_then_raises_never_ends_the_run(
 
 async def test_a_write_that_never_lands_gives_its_seq_back(backend: Backend) -> None:
     runtime = backend.runtime()
-    store = runtime.store
-    real_append = store.append
     failures: list[str] = []
 
-    async def fails_once(events):  # type: ignore[no-untyped-def]
-        if not failures and any(isinstance(e, CheckpointWritten) for e in events):
-            failures.append(events[-1].event_id)
+    async def fails_once(write: Write, events: Sequence[Event]) -> None:
+        checkpoint = _checkpoint_in(events)
+        if not failures and checkpoint:
+            failures.append(checkpoint)
             raise ConnectionResetError("connection lost before the write")
-        await real_append(events)
+        await write(events)
 
-    store.append = fails_once  # type: ignore[method-assign]
-    try:
+    with faulty(runtime.store, fails_once):
         research = Research(passes=2)
         result = await research.agent(runtime).run("Research.", session_id="s1")
-    finally:
-        del store.append  # type: ignore[method-assign]
     assert failures and result.turns == 6
     assert len(await research.agent(runtime).list_checkpoints("s1")) == 1
     events = await runtime.store.read_events(Scope("s1"))
