@@ -3,6 +3,7 @@
 #
 #   dev/kafka.sh start    fetch jars if missing, format storage once, start, wait until ready
 #   dev/kafka.sh stop     stop the broker (SIGTERM, then SIGKILL after a grace period)
+#   dev/kafka.sh restart  stop, then start (tests of what survives a broker restart)
 #   dev/kafka.sh status   exit 0 if the broker answers metadata requests
 #
 # Everything lives in the git-ignored .cache/kafka/ of this checkout:
@@ -368,6 +369,7 @@ cmd_status() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
+  restart) cmd_stop && cmd_start ;;
   status) cmd_status ;;
-  *) echo "usage: $0 {start|stop|status}" >&2; exit 2 ;;
+  *) echo "usage: $0 {start|stop|restart|status}" >&2; exit 2 ;;
 esac

@@ -86,29 +86,30 @@ async def default_names() -> AsyncIterator[Settings]:
 
 
 @pytest.fixture
-def processor() -> Iterator[subprocess.Popen[str]]:
-    """``loomflow processor`` exactly as the README starts it."""
+def processor(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``loomflow processor`` exactly as the README starts it (output to a file: a pipe
+    nobody reads would fill up and block it)."""
     command = readme_block("loomflow processor", "sh").splitlines()[0].split("#")[0].split()
     assert command == ["loomflow", "processor"]
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
-        env=user_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    with (tmp_path / "processor.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
+            env=user_env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     yield proc
     proc.send_signal(signal.SIGTERM)
     try:
-        proc.communicate(timeout=60)
+        proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()  # never leave a worker behind
-        proc.communicate()
+        proc.wait()
         raise
 
 
 async def test_the_readme_kafka_quickstart_runs_against_a_default_processor(
-    default_names: Settings, processor: subprocess.Popen[str], tmp_path: Path
+    default_names: Settings, processor: subprocess.Popen[bytes], tmp_path: Path
 ) -> None:
     # the processor was started on a broker without its topics: it creates them, as the log
     # must be (kept forever, the partitions the settings say)

@@ -207,8 +207,7 @@ async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
             lambda: _some_progress(env), within=90, what="the processor to commit a batch"
         )
     finally:
-        victim.send_signal(signal.SIGKILL)
-        _, err = victim.communicate(timeout=30)
+        err = victim.kill()
     assert victim.returncode == -signal.SIGKILL, err
     done = sum((await env.positions()).values())
     assert 0 < done < total, f"the kill did not land mid-run ({done} of {total})"
@@ -217,13 +216,7 @@ async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
     try:
         await eventually(lambda: _caught_up(env), within=120, what="the restarted processor")
     finally:
-        survivor.send_signal(signal.SIGTERM)
-        try:
-            survivor.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            survivor.kill()  # never leave a worker behind
-            survivor.communicate()
-            raise
+        survivor.stop()
     expected = await fold_of(await log_events(env.bootstrap, env.topics))
     assert len(expected) == sessions
     model = await in_postgres(env.dsn, env.schema)
@@ -347,10 +340,9 @@ async def test_nothing_on_the_topic_stops_the_processor(env: KafkaEnv) -> None:
         await producer.send([*good, nul])
         await producer.stop()
         await eventually(lambda: _caught_up(env), within=90, what="the processor to pass it all")
-        assert victim.poll() is None, victim.communicate()[1]
+        assert victim.poll() is None, victim.output()[-3000:]
     finally:
-        victim.send_signal(signal.SIGTERM)
-        _, err = victim.communicate(timeout=60)
+        err = victim.stop()
     assert "Traceback" not in err, err
 
     runtime = env.runtime()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -214,55 +213,81 @@ async def test_concurrent_reads_on_one_runtime_while_the_projector_is_stopped(
         assert [m.content for m in state.messages[-3:]] == ["late 1", "late 2", "late 3"]
 
 
-async def test_a_runtime_waiting_on_another_group_says_which(env: KafkaEnv) -> None:
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("processor_id", "group 'someone-else-projector'"),
+        ("db_schema", "schema 'someone_else'"),
+        ("topic_prefix", "someone-else.events"),
+    ],
+)
+async def test_a_runtime_configured_unlike_the_processor_says_how(
+    env: KafkaEnv, setting: str, expected: str
+) -> None:
     await env.start_projector()
-    lost = KafkaRuntime(settings=env.settings, processor_id="someone-else", projection_timeout=2)
-    with pytest.raises(ProjectionTimeoutError) as caught:
-        await Research(passes=1).agent(lost).run("Research.", session_id="s1")
-    await lost.close()
+    value = "someone_else" if setting == "db_schema" else "someone-else"
+    mismatched = env.settings.model_copy(update={setting: value, "projection_timeout": 2.0})
+    lost = KafkaRuntime(settings=mismatched)
+    try:
+        with pytest.raises(ProjectionTimeoutError) as caught:
+            await Research(passes=1).agent(lost).run("Research.", session_id="s1")
+    finally:
+        await lost.close()
+        if setting == "db_schema":
+            env.extra_schemas.append(value)
+        if setting == "topic_prefix":
+            env.extra_topics.append(value)
     message = str(caught.value)
-    assert "'someone-else-projector'" in message  # the group it waited for
-    assert f"schema {env.schema!r}" in message  # where
-    assert f"group {env.group!r}" in message  # and what the running processor reports
+    assert expected in message  # what this runtime waited for
+    assert f"group {env.group!r} on topic {env.topics.events!r}" in message  # what runs
+    assert f"schema {env.schema!r}" in message
     assert "LOOMFLOW_" in message
 
 
-async def test_a_postgres_restart_under_a_running_agent(env: KafkaEnv) -> None:
+async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
+    runtime = KafkaRuntime(
+        settings=env.settings.model_copy(
+            update={"postgres_dsn": "postgresql://loomflow:loomflow@127.0.0.1:1/loomflow"}
+        )
+    )
+    with pytest.raises(StoreError, match=r"dev/postgres\.sh start"):
+        await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    await runtime.close()
+
+
+@pytest.mark.parametrize("service", ["postgres", "kafka"])
+async def test_a_restart_under_a_running_agent_loses_nothing(env: KafkaEnv, service: str) -> None:
+    """The runtime and `loomflow processor` ride out a restart of PostgreSQL or the broker:
+    the run in flight finishes, connections (the LISTEN one too) come back, and the read
+    model ends equal to the fold of the log."""
     processor = env.processor_process()
     runtime = env.runtime()
     try:
         research = Research(passes=100)
         # ~10 s of model time, so the restart lands mid-run
         agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=200)
-
         run = asyncio.create_task(agent.run("Research.", session_id="s1"))
         await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
         restart = await asyncio.to_thread(
             subprocess.run,
-            [str(ROOT / "dev" / "postgres.sh"), "restart"],
+            [str(ROOT / "dev" / f"{service}.sh"), "restart"],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=180,
         )
         assert restart.returncode == 0, restart.stderr
         assert not run.done(), "the run ended before the restart: nothing was tested"
-        result = await asyncio.wait_for(run, 120)
+        result = await asyncio.wait_for(run, 180)
         assert result.turns == 300 and result.stop_reason == "completed"
-        # the LISTEN connection came back: confirms are woken by notifications again
+        # the LISTEN connection is back: confirms are woken by notifications again
         await eventually(lambda: runtime.store.listening, what="the LISTEN connection")
         again = await Research(passes=2).agent(runtime).run("Research.", session_id="s2")
         assert again.turns == 6
         assert len(await runtime.list_checkpoints(Scope("s1"))) == 20
-        assert processor.poll() is None, "the processor died"
+        assert processor.poll() is None, processor.output()[-3000:]
     finally:
         await runtime.close()
-        processor.send_signal(signal.SIGTERM)
-        try:
-            processor.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            processor.kill()
-            processor.communicate()
-            raise
+        processor.stop()
     expected = await fold_of(await log_events(env.bootstrap, env.topics))
     assert await in_postgres(env.dsn, env.schema) == expected
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
@@ -33,6 +36,8 @@ class KafkaEnv:
     tag: str
     running: list[tuple[Projector, asyncio.Event, asyncio.Task[None]]] = field(default_factory=list)
     extra_schemas: list[str] = field(default_factory=list)
+    #: other topic prefixes a test created topics under
+    extra_topics: list[str] = field(default_factory=list)
 
     @classmethod
     async def create(cls, partitions: int = 2) -> KafkaEnv:
@@ -110,7 +115,7 @@ class KafkaEnv:
     def runtime(self, **kwargs: Any) -> KafkaRuntime:
         return KafkaRuntime(settings=self.settings, **kwargs)
 
-    def processor_process(self) -> subprocess.Popen[str]:
+    def processor_process(self) -> ProcessorProcess:
         """``loomflow processor`` (the faust app) as a child process on this environment."""
         return start_processor(self.variables())
 
@@ -141,23 +146,72 @@ class KafkaEnv:
         finally:
             await conn.close()
         await drop_environment(self.settings)
+        for prefix in self.extra_topics:
+            admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+            await admin.start()
+            try:
+                names = [f"{prefix}.events", f"{prefix}.snapshots", f"{prefix}.events.dlq"]
+                existing = set(await admin.list_topics())
+                await admin.delete_topics([n for n in names if n in existing])
+            finally:
+                await admin.close()
 
 
-def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> subprocess.Popen[str]:
+class ProcessorProcess:
+    """``loomflow processor`` as its own process; its output goes to a file.
+
+    Not to a pipe: a pipe nobody reads fills up (aiokafka logs a line per failed
+    reconnect while a broker restarts), and the processor then blocks on its own log.
+    """
+
+    def __init__(self, variables: dict[str, str], *, loglevel: str = "warn") -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+        env.update(variables, PYTHONPATH=str(ROOT))
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", loglevel],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def output(self) -> str:
+        """What the processor printed so far."""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def kill(self) -> str:
+        """SIGKILL it; return its output."""
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=30)
+        return self.output()
+
+    def stop(self, timeout: float = 60) -> str:
+        """SIGTERM it, SIGKILL after ``timeout`` (then fail); return its output."""
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()  # never leave a worker behind
+            self.popen.wait()
+            raise
+        return self.output()
+
+
+def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> ProcessorProcess:
     """``loomflow processor`` as its own process, configured by ``variables`` alone.
 
     The LOOMFLOW_* variables of this test process are removed first, so that a test of the
     defaults runs the processor exactly as a user who set nothing would.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
-    env.update(variables, PYTHONPATH=str(ROOT))
-    return subprocess.Popen(
-        [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", loglevel],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return ProcessorProcess(variables, loglevel=loglevel)
 
 
 def session_events(
