@@ -70,8 +70,9 @@ class SnapshotPublisher:
         self._wanted.set()
 
     async def flush(self) -> None:
-        """Publish every due snapshot now, whatever the interval, and return when done."""
-        if self._due:
+        """Publish every due snapshot now, whatever the interval, and return when none is
+        due (checkpoints that fall due meanwhile are published at once too)."""
+        if self._due or not self._idle.is_set():
             self._force = True
             self._wanted.set()
         await self._idle.wait()
@@ -83,9 +84,10 @@ class SnapshotPublisher:
             await self._wanted.wait()
             self._wanted.clear()
             now = loop.time()
-            force, self._force = self._force, False
             ready = [
-                (key, event) for key, event in self._due.items() if force or self._at[key] <= now
+                (key, event)
+                for key, event in self._due.items()
+                if self._force or self._at[key] <= now
             ]
             for key, _ in ready:
                 del self._due[key], self._at[key]
@@ -94,12 +96,15 @@ class SnapshotPublisher:
             published_at = loop.time()
             self._last.update((key, published_at) for key, _ in ready)
             self._last = {k: t for k, t in self._last.items() if t + self.interval > now}
-            if self._due:
+            if self._due and self._force:
+                self._wanted.set()  # a flush goes on until nothing is due
+            elif self._due:
                 wake = min(self._at.values())
                 if self._timer is not None:
                     self._timer.cancel()
                 self._timer = loop.call_at(wake, self._wanted.set)
             elif not self._wanted.is_set():
+                self._force = False
                 self._idle.set()
 
     async def _publish(self, due: list[tuple[_Key, CheckpointWritten]]) -> None:

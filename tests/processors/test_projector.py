@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import Scope
-from loomflow.schemas import Message, TurnAppended
+from loomflow.schemas import Checkpoint, Message, TurnAppended
 from loomflow.schemas.events import MAX_EVENT_BYTES, TurnAppendedPayload
 from tests.support.kafka_env import ROOT, KafkaEnv, session_events
 from tests.support.readmodel import fold_of, in_postgres, log_events
@@ -404,3 +404,39 @@ async def test_nothing_on_the_topic_stops_the_processor(env: KafkaEnv) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(poison)} dead-lettered" in result.stdout
     assert await in_postgres(env.dsn, rebuilt) == await in_postgres(env.dsn, env.schema)
+
+
+async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv) -> None:
+    """The compacted snapshots topic ends with every session's latest checkpoint, as a
+    Checkpoint equal to what the runtime reads; a flush does not wait for the interval."""
+    projector = await env.start_projector(snapshot_interval=3600)
+    runtime = env.runtime()
+    for session in ("a", "b"):
+        await Research(passes=3).agent(runtime).run("Research.", session_id=session)
+    await asyncio.wait_for(projector.snapshots_published(), 30)
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=env.bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+    )
+    await consumer.start()
+    latest: dict[bytes, bytes] = {}
+    try:
+        partitions = [TopicPartition(env.topics.snapshots, p) for p in range(2)]
+        consumer.assign(partitions)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        for tp in partitions:
+            while await consumer.position(tp) < ends[tp]:
+                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
+                    latest[record.key] = record.value
+    finally:
+        await consumer.stop()
+    assert set(latest) == {scope_key(None, "a"), scope_key(None, "b")}
+    for session in ("a", "b"):
+        published = Checkpoint.model_validate_json(latest[scope_key(None, session)])
+        expected = await runtime.get_checkpoint(Scope(session))
+        assert expected is not None and published == expected
+        assert published.turn == 9 and len(published.messages) == len(expected.messages)
+    await runtime.close()
