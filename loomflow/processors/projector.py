@@ -59,7 +59,7 @@ _REFUSED = (
 #: events that set a session's epoch or end it: runtimes writing to it must hear of them
 _CLAIMS = frozenset({"run.started", "session.forked", "session.erased"})
 
-#: How long a stale heartbeat row may stand before a runtime calls its worker gone.
+#: How often a worker refreshes its row in ``processors`` (what runtimes name in errors).
 HEARTBEAT_SECONDS = 2.0
 
 
@@ -503,11 +503,6 @@ class Projector:
         self._throttle(consumer)
         await self._commit_offsets(consumer)
         return fetched
-
-    async def idle(self) -> None:
-        """Wait until every fetched record has been applied (or dropped after a failure)."""
-        for lane in list(self._lanes.values()):
-            await lane.idle.wait()
 
     def _lane(self, tp: TopicPartition) -> _Lane:
         index = tp.partition % self.lanes
