@@ -20,7 +20,7 @@ from loomflow.runtime import Scope
 from loomflow.schemas import Checkpoint, Message, TurnAppended
 from loomflow.schemas.events import MAX_EVENT_BYTES, TurnAppendedPayload
 from tests.support.kafka_env import ROOT, KafkaEnv, session_events
-from tests.support.readmodel import fold_of, in_postgres, log_events
+from tests.support.readmodel import fold_of, in_postgres, log_events, read_records
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
@@ -135,14 +135,7 @@ async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path)
 
     rebuilt = f"{env.schema}_rb"
     env.extra_schemas.append(rebuilt)
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
-        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = await _rebuild(env, rebuilt)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"rebuilt {rebuilt}" in result.stdout
 
@@ -151,14 +144,7 @@ async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path)
     assert live == await fold_of(await log_events(env.bootstrap, env.topics))
     assert len(live) == 3 and live[("alice", "a")]["session"]["status"] == "erased"
 
-    again = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
-        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = await _rebuild(env, rebuilt)
     assert again.returncode == 1 and "already holds a read model" in again.stdout
 
 
@@ -222,6 +208,18 @@ async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
     model = await in_postgres(env.dsn, env.schema)
     assert model == expected
     assert Counter(len(s["checkpoints"]) for s in model.values()) == {3: sessions}
+
+
+async def _rebuild(env: KafkaEnv, schema: str) -> subprocess.CompletedProcess[str]:
+    """``loomflow rebuild --schema SCHEMA`` in its own process, configured like ``env``."""
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", schema],
+        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def _some_progress(env: KafkaEnv) -> bool:
@@ -393,14 +391,7 @@ async def test_nothing_on_the_topic_stops_the_processor(env: KafkaEnv) -> None:
     # a rebuild of the same log dead-letters the same records and ends
     rebuilt = f"{env.schema}_rb"
     env.extra_schemas.append(rebuilt)
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "loomflow.cli", "rebuild", "--schema", rebuilt],
-        env=dict(os.environ, **env.variables(), PYTHONPATH=str(ROOT)),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = await _rebuild(env, rebuilt)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"{len(poison)} dead-lettered" in result.stdout
     assert await in_postgres(env.dsn, rebuilt) == await in_postgres(env.dsn, env.schema)
@@ -415,24 +406,10 @@ async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv)
         await Research(passes=3).agent(runtime).run("Research.", session_id=session)
     await asyncio.wait_for(projector.snapshots_published(), 30)
 
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=env.bootstrap,
-        enable_auto_commit=False,
-        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
-    )
-    await consumer.start()
-    latest: dict[bytes, bytes] = {}
-    try:
-        partitions = [TopicPartition(env.topics.snapshots, p) for p in range(2)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        for tp in partitions:
-            while await consumer.position(tp) < ends[tp]:
-                for record in (await consumer.getmany(tp, timeout_ms=1000)).get(tp, []):
-                    latest[record.key] = record.value
-    finally:
-        await consumer.stop()
+    latest = {
+        record.key: record.value
+        for record in await read_records(env.bootstrap, env.topics.snapshots, 2)
+    }
     assert set(latest) == {scope_key(None, "a"), scope_key(None, "b")}
     for session in ("a", "b"):
         published = Checkpoint.model_validate_json(latest[scope_key(None, session)])

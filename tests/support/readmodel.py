@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from loomflow.errors import InvalidEventError
 from loomflow.producers import Topics
@@ -14,33 +14,43 @@ from loomflow.projections import postgres as pg
 from loomflow.runtime import InProcStore, Scope
 from loomflow.schemas import Event
 from loomflow.schemas.codec import decode_event
+from loomflow.schemas.events import MAX_EVENT_BYTES
 
 Snapshot = dict[tuple[str | None, str], dict[str, Any]]
 
 
-async def log_events(bootstrap: str, topics: Topics) -> list[Event]:
-    """Every decodable event of the events topic, partition by partition, in offset order."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+async def read_records(bootstrap: str, topic: str, partitions: int) -> list[ConsumerRecord]:
+    """Every record of ``topic`` up to its current end, partition by partition."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+    )
     await consumer.start()
     try:
-        partitions = [TopicPartition(topics.events, p) for p in range(topics.partitions)]
-        consumer.assign(partitions)
-        await consumer.seek_to_beginning(*partitions)
-        ends = await consumer.end_offsets(partitions)
-        events: list[Event] = []
-        for tp in partitions:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[ConsumerRecord] = []
+        for tp in tps:
             while await consumer.position(tp) < ends[tp]:
                 batch = await consumer.getmany(tp, timeout_ms=1000)
-                for record in batch.get(tp, []):
-                    if record.offset >= ends[tp]:
-                        break
-                    try:
-                        events.append(decode_event(record.value or b""))
-                    except InvalidEventError:
-                        continue  # the projector dead-letters these: no part of the model
-        return events
+                records.extend(r for r in batch.get(tp, []) if r.offset < ends[tp])
+        return records
     finally:
         await consumer.stop()
+
+
+async def log_events(bootstrap: str, topics: Topics) -> list[Event]:
+    """Every decodable event of the events topic, partition by partition, in offset order."""
+    events: list[Event] = []
+    for record in await read_records(bootstrap, topics.events, topics.partitions):
+        try:
+            events.append(decode_event(record.value or b""))
+        except InvalidEventError:
+            continue  # the projector dead-letters these: no part of the model
+    return events
 
 
 async def fold_of(events: list[Event]) -> Snapshot:
