@@ -1,5 +1,9 @@
 """loomflow: agent runs that survive crashes, resume without re-billing, and fork."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from loomflow.agent import Agent, SessionState, Tool, Tuning
 from loomflow.errors import (
     CheckpointNotFoundError,
@@ -7,13 +11,7 @@ from loomflow.errors import (
     LoomflowError,
     SerializationError,
 )
-from loomflow.runtime import (
-    InProcRuntime,
-    KafkaRuntime,
-    PostgresRuntime,
-    SqliteRuntime,
-    current_journal,
-)
+from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -24,6 +22,10 @@ from loomflow.schemas import (
     Usage,
     new_id,
 )
+
+if TYPE_CHECKING:
+    from loomflow.runtime.kafka import KafkaRuntime
+    from loomflow.runtime.postgres import PostgresRuntime
 
 __all__ = [
     "Agent",
@@ -48,3 +50,10 @@ __all__ = [
     "current_journal",
     "new_id",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``KafkaRuntime`` and ``PostgresRuntime`` load on first use (see loomflow.runtime)."""
+    from loomflow.runtime import _LAZY, load_lazily
+
+    return load_lazily(__name__, name, _LAZY)

@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from loomflow.agent import CONTINUATION_PROMPT, Agent, SessionState, Tuning
+from loomflow.cli import WORKER_COMMAND
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import Reply, ScriptedModel
 from loomflow.runtime import Scope, SqliteRuntime
@@ -45,10 +46,9 @@ from loomflow.schemas import (
     new_id,
 )
 
-__all__ = ["WORKER_COMMAND", "DemoError", "run_demo", "run_worker"]
+__all__ = ["DemoError", "run_demo", "run_worker"]
 
 #: The hidden CLI subcommand the demo starts its worker process with.
-WORKER_COMMAND = "_demo-worker"
 
 SCRIPTED_LATENCY_S = 0.15
 POLL_INTERVAL_S = 0.05

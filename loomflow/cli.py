@@ -5,12 +5,17 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loomflow._demo import WORKER_COMMAND, run_demo, run_worker
-from loomflow.settings import Settings
+if TYPE_CHECKING:
+    from loomflow.settings import Settings
 
-__all__ = ["main"]
+__all__ = ["WORKER_COMMAND", "main"]
+
+#: the hidden subcommand the demo starts its worker process with (kept out of --help)
+WORKER_COMMAND = "_demo-worker"
 
 
 def _positive_int(text: str) -> int:
@@ -28,6 +33,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="loomflow", description="Durable agent runs: crash, resume, fork."
     )
     # The metavar lists only public commands, so the worker stays out of --help.
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(
         dest="command", required=True, metavar="{demo,processor,rebuild}"
     )
@@ -89,9 +95,18 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return metadata.version("loomflow-durable")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def _settings() -> Settings | None:
     """The LOOMFLOW_* settings, or None after printing why they do not validate."""
     from pydantic import ValidationError
+
+    from loomflow.settings import Settings
 
     try:
         return Settings()
@@ -166,12 +181,25 @@ def _run_rebuild(schema: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ModuleNotFoundError as exc:
+        # the CLI's commands use optional extras (rich, faust, aiokafka, asyncpg)
+        print(f"loomflow {args.command}: {exc}; install 'loomflow-durable[all]'", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
+        from loomflow._demo import run_demo
+
         return run_demo(args.db, args.kill_after_turns, args.model)
     if args.command == "processor":
         return _run_processor(args.loglevel)
     if args.command == "rebuild":
         return _run_rebuild(args.schema)
+    from loomflow._demo import run_worker
+
     return run_worker(args.db, args.session_id, args.backend, args.model)
 
 

@@ -1,7 +1,24 @@
-"""Model adapters: Claude through the anthropic SDK, and a scripted model for tests."""
+"""Model adapters: Claude through the anthropic SDK, and a scripted model for tests.
 
-from loomflow.models.anthropic import AnthropicModel, price_for
+``AnthropicModel`` loads on first use, and the SDK itself when that model first builds
+its client: an embedded user who never names a Claude model imports none of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
 
+if TYPE_CHECKING:
+    from loomflow.models.anthropic import AnthropicModel, price_for
+
 __all__ = ["AnthropicModel", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "price_for"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AnthropicModel", "price_for"):
+        return getattr(importlib.import_module("loomflow.models.anthropic"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

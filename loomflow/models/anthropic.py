@@ -1,4 +1,8 @@
-"""Claude as a loomflow model, through the official ``anthropic`` SDK's Messages API."""
+"""Claude as a loomflow model, through the official ``anthropic`` SDK's Messages API.
+
+The SDK takes about two seconds to import, so it is imported when a Claude model first
+builds its client (or handles the SDK's errors), not with ``loomflow``.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
-import anthropic
-from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
+if TYPE_CHECKING:
+    import anthropic
+    from anthropic.types import MessageParam, ToolParam, ToolResultBlockParam
 
 from loomflow.errors import ModelError
 from loomflow.models.base import ModelResponse, ToolSpec
@@ -154,7 +159,7 @@ def _to_api_messages(messages: Sequence[Message]) -> tuple[str | None, list[Mess
         if role == "user":
             # Tool results must open the turn that follows the tool_use turn.
             blocks = sorted(blocks, key=lambda block: block["type"] != "tool_result")
-        api_messages.append(cast(MessageParam, {"role": role, "content": blocks}))
+        api_messages.append(cast("MessageParam", {"role": role, "content": blocks}))
     return ("\n\n".join(system) or None), api_messages
 
 
@@ -163,6 +168,8 @@ def _to_api_tool(tool: ToolSpec) -> ToolParam:
 
 
 def _describe(model: str, exc: anthropic.APIError) -> str:
+    import anthropic
+
     status: int | None = getattr(exc, "status_code", None)
     detail = exc.message
     if isinstance(exc, anthropic.APIStatusError) and exc.api_message:
@@ -205,6 +212,8 @@ class AnthropicModel:
     def client(self) -> anthropic.AsyncAnthropic:
         """The SDK client, created on first use from the constructor arguments and env."""
         if self._client is None:
+            import anthropic
+
             kwargs: dict[str, Any] = {}
             if self._api_key is not None:
                 kwargs["api_key"] = self._api_key
@@ -223,6 +232,8 @@ class AnthropicModel:
         self, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> ModelResponse:
         """Send the transcript and tools to Claude and return its turn with usage and cost."""
+        import anthropic
+
         system, api_messages = _to_api_messages(messages)
         api_tools = [_to_api_tool(tool) for tool in tools]
         extra_body = {"temperature": self.temperature} if self.temperature is not None else None

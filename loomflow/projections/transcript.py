@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
@@ -15,11 +16,13 @@ __all__ = ["decode_transcript"]
 class _TranscriptPart(BaseModel):
     """The part of a transcript event that a transcript read needs: its messages."""
 
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    model_config = ConfigDict(frozen=True, extra="ignore", defer_build=True)
     messages: list[Message]
 
 
-_parts = TypeAdapter(list[_TranscriptPart])
+@functools.cache
+def _parts() -> TypeAdapter[list[_TranscriptPart]]:
+    return TypeAdapter(list[_TranscriptPart])  # built on first use, not at import
 
 
 def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[Message]:
@@ -29,7 +32,7 @@ def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[
     concatenation is the whole fold. A row that does not decode is named by its seq.
     """
     try:
-        parts = _parts.validate_json("[" + ",".join(row[1] for row in rows) + "]")
+        parts = _parts().validate_json("[" + ",".join(row[1] for row in rows) + "]")
     except ValidationError:
         for seq, payload in rows:  # find the row to blame
             try:

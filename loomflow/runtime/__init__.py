@@ -1,4 +1,14 @@
-"""Runtimes: where an Agent's events go and where its sessions are restored from."""
+"""Runtimes: where an Agent's events go and where its sessions are restored from.
+
+``PostgresRuntime`` and ``KafkaRuntime`` load on first use: their drivers (asyncpg,
+aiokafka) come with the ``[postgres]`` and ``[kafka]`` extras, and an embedded user
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from loomflow.runtime.base import (
     ANY_USER,
@@ -12,9 +22,11 @@ from loomflow.runtime.base import (
     current_journal,
 )
 from loomflow.runtime.inproc import InProcRuntime, InProcStore
-from loomflow.runtime.kafka import KafkaRuntime, KafkaStore
-from loomflow.runtime.postgres import PostgresRuntime, PostgresStore
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
+
+if TYPE_CHECKING:
+    from loomflow.runtime.kafka import KafkaRuntime, KafkaStore
+    from loomflow.runtime.postgres import PostgresRuntime, PostgresStore
 
 __all__ = [
     "ANY_USER",
@@ -35,3 +47,31 @@ __all__ = [
     "SqliteStore",
     "current_journal",
 ]
+
+#: name -> (module, the extra that installs what it needs)
+_LAZY = {
+    "KafkaRuntime": ("loomflow.runtime.kafka", "kafka"),
+    "KafkaStore": ("loomflow.runtime.kafka", "kafka"),
+    "PostgresRuntime": ("loomflow.runtime.postgres", "postgres"),
+    "PostgresStore": ("loomflow.runtime.postgres", "postgres"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    return load_lazily(__name__, name, _LAZY)
+
+
+def load_lazily(module: str, name: str, lazy: dict[str, tuple[str, str]]) -> Any:
+    """The attribute ``name`` of ``module`` from its own module, imported now; an
+    ImportError names the extra to install."""
+    if name not in lazy:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    source, extra = lazy[name]
+    try:
+        return getattr(importlib.import_module(source), name)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"{name} needs {exc.name!r}, which comes with an extra: "
+            f"pip install 'loomflow-durable[{extra}]'",
+            name=exc.name,
+        ) from exc

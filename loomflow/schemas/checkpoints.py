@@ -19,7 +19,7 @@ StopReason = Literal["completed", "max_turns", "stop_hook_limit"]
 class Checkpoint(BaseModel):
     """A transcript snapshot taken after an architecture pass."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     session_id: str
     checkpoint_id: str = Field(default_factory=lambda: new_id("ckpt"))
@@ -33,7 +33,7 @@ class Checkpoint(BaseModel):
 class CheckpointMeta(BaseModel):
     """What listing returns: which checkpoint, at which turn, when; never the messages."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     session_id: str
     checkpoint_id: str
@@ -44,7 +44,7 @@ class CheckpointMeta(BaseModel):
 class RunResult(BaseModel):
     """The outcome of ``agent.run`` or ``agent.resume``; usage includes restored turns."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     session_id: str
     output: str

@@ -61,13 +61,13 @@ def decode_event(data: bytes | str | dict[str, Any]) -> Event:
     """Validate one event strictly; raise InvalidEventError with the reason otherwise."""
     if isinstance(data, dict):
         try:
-            return event_adapter.validate_python(data)
+            return event_adapter().validate_python(data)
         except ValidationError as exc:
             raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
     if len(data) > MAX_EVENT_BYTES:
         raise InvalidEventError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
     try:
-        return event_adapter.validate_json(data)
+        return event_adapter().validate_json(data)
     except ValidationError as exc:
         raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
 

@@ -8,6 +8,7 @@ latest compaction), which is what keeps storage linear in a session's length.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -39,7 +40,7 @@ __all__ = [
 EVENT_SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 8 * 1024 * 1024
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class EventBase(BaseModel):
@@ -227,4 +228,9 @@ Event = Annotated[
     Field(discriminator="type"),
 ]
 
-event_adapter: TypeAdapter[Event] = TypeAdapter(Event)
+
+@functools.cache
+def event_adapter() -> TypeAdapter[Event]:
+    """The validator of the union, built on first use: building it (and every event
+    model's schema) at import would cost a tenth of ``import loomflow``."""
+    return TypeAdapter(Event)

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Annotated
 
-from pydantic import StringConstraints
+from pydantic import Field
 
 from loomflow.errors import InvalidIdError
 
@@ -20,7 +20,7 @@ _ID_RE = re.compile(_ID_PATTERN)
 MAX_ID_LENGTH = 200
 
 #: An id as events carry it: what ``validate_id`` accepts, checked whenever an event is read.
-Id = Annotated[str, StringConstraints(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID_PATTERN)]
+Id = Annotated[str, Field(min_length=1, max_length=MAX_ID_LENGTH, pattern=_ID_PATTERN)]
 
 _lock = threading.Lock()
 _last_ms = 0

@@ -22,7 +22,7 @@ class Role(StrEnum):
 class ToolCall(BaseModel):
     """A tool invocation requested by the model."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     id: str
     name: str
@@ -35,7 +35,7 @@ class Message(BaseModel):
     Tool results are ``role="tool"`` messages carrying the ``tool_call_id`` they answer.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     role: Role
     content: str = ""
@@ -63,7 +63,7 @@ class Message(BaseModel):
 class Usage(BaseModel):
     """Tokens and cost of one or more model calls; ``+`` adds them up."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
     input_tokens: int = 0
     cached_input_tokens: int = 0
