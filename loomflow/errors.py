@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 __all__ = [
     "CheckpointNotFoundError",
     "CorruptRecordError",
@@ -14,13 +16,21 @@ __all__ = [
     "SerializationError",
     "SessionErasedError",
     "StaleWriterError",
+    "StoreClosedError",
     "StoreError",
+    "StoreUnavailableError",
     "UnsafeDeserializationError",
 ]
 
 
 class LoomflowError(Exception):
-    """Base class of every error loomflow raises on purpose."""
+    """Base class of every error loomflow raises on purpose.
+
+    ``retriable`` says whether the same call may succeed later unchanged (a server that
+    is down, a read model that lags); the others need something fixed first.
+    """
+
+    retriable: ClassVar[bool] = False
 
 
 class InvalidIdError(LoomflowError, ValueError):
@@ -63,11 +73,24 @@ class StoreError(LoomflowError):
     """The store cannot be opened, read or written."""
 
 
+class StoreUnavailableError(StoreError):
+    """The store's server could not be reached, or did not answer in time. Retriable:
+    nothing acknowledged was lost; the same call may succeed once it is back."""
+
+    retriable = True
+
+
+class StoreClosedError(StoreError):
+    """The store (its runtime) was closed: open a new one."""
+
+
 class ProjectionTimeoutError(StoreError):
     """The read model did not catch up with the log in time (is the processor running?).
 
     Retriable: what was appended is durable in the log; try the read again later.
     """
+
+    retriable = True
 
 
 class CorruptRecordError(StoreError):

@@ -6,7 +6,7 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from pydantic import ValidationError
@@ -87,6 +87,11 @@ class Agent:
         self.instructions = instructions
         self.model = _resolve_model(model)
         self.runtime = runtime if runtime is not None else InProcRuntime()
+        # what the agent made itself it also closes: a Claude model's HTTP client, the
+        # default in-process runtime; what the caller passed in stays the caller's
+        self._owned: list[Any] = [self.model] if isinstance(model, str) else []
+        if runtime is None:
+            self._owned.append(self.runtime)
         self.tuning = tuning or Tuning()
         self.tools: dict[str, Tool] = {}
         for fn in tools or ():
@@ -94,6 +99,20 @@ class Agent:
             if tool.name in self.tools:
                 raise ValueError(f"two tools are named {tool.name!r}")
             self.tools[tool.name] = tool
+
+    async def aclose(self) -> None:
+        """Close what this agent created (a model client, its default runtime)."""
+        owned, self._owned = self._owned, []
+        for resource in owned:
+            closing = getattr(resource, "aclose", None) or getattr(resource, "close", None)
+            if closing is not None:
+                await closing()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
     async def run(
         self,

@@ -35,7 +35,7 @@ from loomflow.processors.snapshots import SnapshotPublisher
 from loomflow.producers import EventProducer, Topics, scope_key
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
-from loomflow.projections.postgres import DeadLetterRow
+from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
 from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import MAX_EVENT_BYTES
@@ -351,9 +351,10 @@ class Projector:
                 server_settings={"synchronous_commit": "off"},
             )
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(
+            raise store_error(
                 f"PostgreSQL is not reachable ({type(exc).__name__}: {exc}); start it with "
-                "`dev/postgres.sh start`"
+                "`dev/postgres.sh start`",
+                exc,
             ) from exc
         async with self._pool.acquire() as conn:
             await pg.migrate(conn, self.schema)

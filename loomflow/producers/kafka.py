@@ -11,14 +11,21 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
-from loomflow.errors import StoreError
+from loomflow.errors import StoreError, StoreUnavailableError
 from loomflow.producers.topics import Topics, scope_key, unreachable
 from loomflow.schemas import Event
 from loomflow.schemas.events import MAX_EVENT_BYTES
 
-__all__ = ["EventProducer", "Position"]
+__all__ = ["EventProducer", "Position", "kafka_error"]
 
 _partitioner = DefaultPartitioner()
+
+
+def kafka_error(message: str, exc: KafkaError) -> StoreError:
+    """The StoreError for an aiokafka error: retriable when aiokafka says it is (a broker
+    away, a timeout, a leader moving), not when the request itself is wrong."""
+    cls = StoreUnavailableError if getattr(exc, "retriable", False) else StoreError
+    return cls(f"{message}: {type(exc).__name__}: {exc}")
 
 
 @dataclass(frozen=True, order=True)
@@ -110,18 +117,14 @@ class EventProducer:
                 )
             return pending
         except KafkaError as exc:
-            raise StoreError(
-                f"appending to Kafka topic {self.topics.events} failed: {exc}"
-            ) from exc
+            raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
 
     async def acked(self, pending: Sequence[asyncio.Future[Any]]) -> list[Position]:
         """Where enqueued events landed, once the broker acknowledged them all."""
         try:
             records = [await future for future in pending]
         except KafkaError as exc:
-            raise StoreError(
-                f"appending to Kafka topic {self.topics.events} failed: {exc}"
-            ) from exc
+            raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
         return [Position(r.partition, r.offset) for r in records]
 
     async def send_many(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
@@ -131,7 +134,7 @@ class EventProducer:
             pending = [await producer.send(topic, value=v, key=k) for k, v in records]
             await asyncio.gather(*pending)
         except KafkaError as exc:
-            raise StoreError(f"writing to Kafka topic {topic} failed: {exc}") from exc
+            raise kafka_error(f"writing to Kafka topic {topic} failed", exc) from exc
 
     async def send_raw(
         self,
@@ -145,5 +148,5 @@ class EventProducer:
         try:
             record = await (await producer.send(topic, value=value, key=key, headers=headers))
         except KafkaError as exc:
-            raise StoreError(f"writing to Kafka topic {topic} failed: {exc}") from exc
+            raise kafka_error(f"writing to Kafka topic {topic} failed", exc) from exc
         return Position(record.partition, record.offset)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
-from loomflow.errors import StoreError
+from loomflow.errors import StoreError, StoreUnavailableError
 from loomflow.schemas.events import MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
@@ -66,7 +66,8 @@ def scope_key(user_id: str | None, session_id: str) -> bytes:
 
 
 def unreachable(bootstrap: str, exc: BaseException) -> StoreError:
-    return StoreError(
+    """Kafka could not be reached: retriable, nothing was written."""
+    return StoreUnavailableError(
         f"Kafka at {bootstrap} is not reachable ({type(exc).__name__}: {exc}); "
         "start it with `dev/kafka.sh start` (or `docker compose up kafka`)"
     )

@@ -32,6 +32,7 @@ from loomflow.errors import (
     InvalidEventError,
     SequenceConflictError,
     StoreError,
+    StoreUnavailableError,
 )
 from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
@@ -82,6 +83,7 @@ __all__ = [
     "save_sessions",
     "schemas_with_processors",
     "sessions_channel",
+    "store_error",
 ]
 
 logger = logging.getLogger("loomflow.projections.postgres")
@@ -187,6 +189,25 @@ _MIGRATIONS: dict[int, str] = {
     );
     """,
 }
+
+
+#: what says the server is away (or going), not that the request was wrong
+_UNAVAILABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,  # among them: the connection was closed under us
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.OperatorInterventionError,  # e.g. the server is shutting down
+    asyncpg.InsufficientResourcesError,
+)
+
+
+def store_error(message: str, exc: BaseException) -> StoreError:
+    """The StoreError for a driver's exception: retriable when PostgreSQL is away."""
+    if isinstance(exc, _UNAVAILABLE):
+        return StoreUnavailableError(message)
+    return StoreError(message)
 
 
 # -- schema and migrations ------------------------------------------------------------

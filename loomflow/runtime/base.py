@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, Literal, Self, TypeVar, cast
 
 from loomflow.errors import (
     CorruptRecordError,
@@ -368,6 +368,9 @@ class EventStore(ABC):
         its projector.
         """
 
+    async def open(self) -> None:  # noqa: B027 - stores without resources open on creation
+        """Connect (and create or migrate what the store needs) now instead of on first use."""
+
     async def close(self) -> None:  # noqa: B027 - stores without resources need not close
         """Release connections and threads."""
 
@@ -410,10 +413,21 @@ class Runtime:
     def store(self) -> EventStore:
         return self._store
 
+    async def open(self) -> None:
+        """Connect now (creating or migrating what the store needs) instead of on first use."""
+        await self._store.open()
+
     async def close(self) -> None:
+        """Release the store's connections and threads; the runtime cannot be used after."""
         await self._store.close()
 
-    async def __aenter__(self) -> Runtime:
+    async def __aenter__(self) -> Self:
+        """Open the runtime; ``async with`` closes it again, whatever happened."""
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # a failed open leaves nothing behind
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -41,9 +41,11 @@ from loomflow.errors import (
     StoreError,
 )
 from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
+from loomflow.producers.kafka import kafka_error
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold, materialise
+from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
@@ -190,9 +192,10 @@ class _Listener:
         try:
             conn = await asyncpg.connect(s.postgres_dsn, timeout=s.connect_timeout)
         except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(
+            raise store_error(
                 f"PostgreSQL at {_redact(s.postgres_dsn)} is not reachable "
-                f"({type(exc).__name__}: {exc}); start it with `dev/postgres.sh start`"
+                f"({type(exc).__name__}: {exc}); start it with `dev/postgres.sh start`",
+                exc,
             ) from exc
         lost = asyncio.Event()
         try:
@@ -286,6 +289,10 @@ class KafkaStore(EventStore):
                 await self._release()
                 raise
             self._started = True
+
+    async def open(self) -> None:
+        """Topics, producer, read model and LISTEN connection now, not on first use."""
+        await self.start()
 
     async def close(self) -> None:
         await self._release()
@@ -566,8 +573,8 @@ class KafkaStore(EventStore):
                         if event.seq > after_seq:
                             later.append(event)
             except KafkaError as exc:
-                raise StoreError(
-                    f"reading partition {partition} of {self.topics.events} failed: {exc}"
+                raise kafka_error(
+                    f"reading partition {partition} of {self.topics.events} failed", exc
                 ) from exc
         return sorted(later, key=lambda e: e.seq)
 

@@ -11,9 +11,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from loomflow.errors import LoomflowError, StoreError
+from loomflow.errors import LoomflowError, StoreClosedError, StoreError
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
+from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import (
     ANY_USER,
     EventStore,
@@ -126,7 +127,7 @@ class PostgresStore(EventStore):
 
     async def _ready(self) -> asyncpg.Pool:
         if self._closed:
-            raise StoreError(f"the PostgreSQL store {self._where()} is closed")
+            raise StoreClosedError(f"the PostgreSQL store {self._where()} is closed")
         loop = asyncio.get_running_loop()
         if self._loop is not None and self._loop is not loop:
             raise StoreError(
@@ -159,8 +160,8 @@ class PostgresStore(EventStore):
             reason = f"{type(exc).__name__}: {exc}"
             if password:
                 reason = reason.replace(password, "***")
-            raise StoreError(
-                f"cannot connect to PostgreSQL at {_redact(self.dsn)} ({reason}); {_HINT}"
+            raise store_error(
+                f"cannot connect to PostgreSQL at {_redact(self.dsn)} ({reason}); {_HINT}", exc
             ) from exc
         try:
             async with pool.acquire() as conn:
@@ -168,9 +169,10 @@ class PostgresStore(EventStore):
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
-                raise StoreError(
+                raise store_error(
                     f"cannot create or migrate schema {self.schema!r} in PostgreSQL at "
-                    f"{_redact(self.dsn)}: {exc}"
+                    f"{_redact(self.dsn)}: {exc}",
+                    exc,
                 ) from exc
             raise
         return pool
@@ -184,7 +186,7 @@ class PostgresStore(EventStore):
             async with pool.acquire() as conn:
                 return await fn(conn, self.schema, *args)
         except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
-            raise StoreError(f"PostgreSQL store {self._where()}: {exc}") from exc
+            raise store_error(f"PostgreSQL store {self._where()}: {exc}", exc) from exc
 
     async def close(self) -> None:
         if self._closed:

@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loomflow.errors import LoomflowError, StoreError
+from loomflow.errors import LoomflowError, StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
 from loomflow.runtime.base import (
@@ -60,7 +60,7 @@ class SqliteStore(EventStore):
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
-            raise StoreError(f"the SQLite store {self.path} is closed")
+            raise StoreClosedError(f"the SQLite store {self.path} is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._run, fn, *args))
 
@@ -89,6 +89,10 @@ class SqliteStore(EventStore):
         self._conn = conn
         return conn
 
+    async def open(self) -> None:
+        """Open (creating or migrating) the file now instead of on first use."""
+        await self._call(_no_op)
+
     async def close(self) -> None:
         if self._closed:
             return
@@ -108,7 +112,7 @@ class SqliteStore(EventStore):
         if not events:
             return
         if self._closed:
-            raise StoreError(f"the SQLite store {self.path} is closed")
+            raise StoreClosedError(f"the SQLite store {self.path} is closed")
         await self._writes.append(list(events))
 
     async def prune(
@@ -263,3 +267,7 @@ class SqliteRuntime(Runtime):
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
         )
+
+
+def _no_op(conn: sqlite3.Connection) -> None:
+    """What ``open`` runs on the store's thread: opening the connection is the point."""

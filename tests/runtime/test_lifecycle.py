@@ -1,0 +1,70 @@
+"""Opening and closing: ``async with`` returns the object, closing is final, errors say
+whether trying again can help."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loomflow import Agent
+from loomflow.errors import (
+    LoomflowError,
+    ProjectionTimeoutError,
+    StoreClosedError,
+    StoreUnavailableError,
+)
+from loomflow.models import AnthropicModel, ScriptedModel
+from loomflow.runtime import InProcRuntime, KafkaRuntime, PostgresRuntime, Scope, SqliteRuntime
+from tests.support.services import postgres_dsn
+
+
+async def test_a_runtime_opens_in_async_with_and_is_closed_after(tmp_path: Path) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    async with runtime as opened:
+        assert opened is runtime
+        assert (tmp_path / "journal.db").exists()  # opened (and migrated) on entry
+    with pytest.raises(StoreClosedError) as caught:
+        await runtime.list_checkpoints(Scope("s1"))
+    assert not caught.value.retriable  # a closed store stays closed: open a new runtime
+    await runtime.close()  # closing twice is harmless
+
+
+async def test_a_runtime_that_cannot_open_raises_a_retriable_error_and_leaves_nothing() -> None:
+    runtime = PostgresRuntime("postgresql://loomflow:loomflow@127.0.0.1:1/loomflow")
+    with pytest.raises(StoreUnavailableError) as caught:
+        async with runtime:
+            pass
+    assert caught.value.retriable
+    kafka = KafkaRuntime("127.0.0.1:1", postgres_dsn())
+    with pytest.raises(StoreUnavailableError, match=r"dev/kafka\.sh start"):
+        async with kafka:
+            pass
+
+
+def test_which_errors_are_worth_retrying() -> None:
+    assert ProjectionTimeoutError.retriable and StoreUnavailableError.retriable
+    assert not StoreClosedError.retriable and not LoomflowError.retriable
+
+
+class _Closable(ScriptedModel):
+    closed = 0
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+async def test_an_agent_closes_what_it_made_and_only_that() -> None:
+    theirs = _Closable(["hi"])
+    async with Agent("x", model=theirs) as agent:
+        assert (await agent.run("go")).output == "hi"
+    assert theirs.closed == 0  # the caller's model is the caller's to close
+
+    made = Agent("x", model="claude-opus-4-7")
+    assert isinstance(made.model, AnthropicModel)
+    client = made.model.client  # built now, as a first request would
+    default_runtime = made.runtime
+    assert isinstance(default_runtime, InProcRuntime)
+    await made.aclose()
+    assert client.is_closed()
+    await made.aclose()  # twice is harmless
