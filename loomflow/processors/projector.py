@@ -23,7 +23,7 @@ import os
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import asyncpg
 import orjson
@@ -427,6 +427,13 @@ class Projector:
                     )
             await self._pool.close()
             self._pool = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()  # a failed start releases what it opened
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
 
     def assignment(self) -> set[int]:
         """The partitions of the events topic this worker holds now."""

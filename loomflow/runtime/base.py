@@ -374,6 +374,17 @@ class EventStore(ABC):
     async def close(self) -> None:  # noqa: B027 - stores without resources need not close
         """Release connections and threads."""
 
+    async def __aenter__(self) -> Self:
+        try:
+            await self.open()
+        except BaseException:
+            await self.close()  # a failed open leaves nothing behind
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
 
 def _check_prune_filters(before: datetime | None, session_id: str | None, user_id: Any) -> None:
     if before is None and session_id is None and user_id is ANY_USER:

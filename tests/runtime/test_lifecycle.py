@@ -30,6 +30,18 @@ async def test_a_runtime_opens_in_async_with_and_is_closed_after(tmp_path: Path)
     await runtime.close()  # closing twice is harmless
 
 
+async def test_a_store_and_a_projector_work_as_async_with(tmp_path: Path) -> None:
+    from loomflow.processors import Projector
+    from loomflow.settings import Settings
+
+    async with SqliteRuntime(tmp_path / "j.db").store as store:
+        assert await store.session(Scope("s1")) is None
+    unreachable = Settings(postgres_dsn="postgresql://loomflow:loomflow@127.0.0.1:1/loomflow")
+    with pytest.raises(StoreUnavailableError):
+        async with Projector(unreachable):
+            pass
+
+
 async def test_a_runtime_that_cannot_open_raises_a_retriable_error_and_leaves_nothing() -> None:
     runtime = PostgresRuntime("postgresql://loomflow:loomflow@127.0.0.1:1/loomflow")
     with pytest.raises(StoreUnavailableError) as caught:
