@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSION_ID = r"sess[0-9a-z]{26}"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
+@pytest.mark.slow
 def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     # Output is parsed, so keep rich from colouring it or wrapping it to a narrow terminal.

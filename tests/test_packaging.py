@@ -19,6 +19,8 @@ import pytest
 
 from tests.support.fake_anthropic import FakeAnthropicServer, text_response
 
+pytestmark = pytest.mark.slow  # builds a venv from the package index
+
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("anthropic", "faust", "aiokafka", "asyncpg", "rich", "pydantic_settings")
 

@@ -30,6 +30,8 @@ from tests.support.backends import drop_environment
 from tests.support.services import kafka_bootstrap, postgres_dsn
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.kafka
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 

@@ -525,33 +525,36 @@ class KafkaStore(EventStore):
         the log."""
         await self.start()
         await self._settle({(scope.user_id, scope.session_id)}, quiet=True)
-        row = await self._reads.session(scope)
-        for event in await self.unprojected(scope, row.last_seq if row else 0):
+        row, since = await self.projected_session(scope)
+        for event in await self.unprojected(scope, row.last_seq if row else 0, since):
             try:
                 row, _ = fold(row, event)
             except InvalidEventError:
                 break  # the projector will refuse it too; nothing after it counts yet
         return row
 
-    async def projected_session(self, scope: Scope) -> SessionRow | None:
-        """The session's row in the read model, without the events it has not projected."""
+    async def projected_session(self, scope: Scope) -> tuple[SessionRow | None, int]:
+        """The session's row in the read model, and the projector's position in the
+        session's partition read *before* it: the row holds every event below that
+        position (it may hold later ones too), so reading the log from there misses
+        nothing, whatever the projector commits meanwhile."""
         await self.start()
-        return await self._reads.session(scope)
+        partition = await self._partition_of(scope)
+        positions = await self._reads.positions(self.group_id, self.topics.events)
+        return await self._reads.session(scope), positions.get(partition, 0)
 
-    async def unprojected(self, scope: Scope, after_seq: int) -> list[Event]:
-        """The scope's events past ``after_seq`` that are in Kafka but not yet projected.
+    async def unprojected(self, scope: Scope, after_seq: int, since: int) -> list[Event]:
+        """The scope's events past ``after_seq`` in the log from offset ``since`` (a
+        position from ``projected_session``) to its end.
 
-        Empty unless the projector lags: then the session's partition is read from the
-        projector's committed offset to its end, so a resume never waits for the read
-        model to catch up (it costs a read of the lagging part of one partition).
+        Empty unless the projector lags: then the lagging part of one partition is read,
+        so a resume never waits for the read model to catch up.
         """
         await self.start()
         key = scope_key(scope.user_id, scope.session_id)
         partition = await self._partition_of(scope)
         tp = TopicPartition(self.topics.events, partition)
-        committed = (await self._reads.positions(self.group_id, self.topics.events)).get(
-            partition, 0
-        )
+        committed = since
         later: list[Event] = []
         async with self._reader_lock:  # one consumer, assigned to one partition at a time
             reader = await self._reader()
@@ -714,11 +717,11 @@ class KafkaRuntime(Runtime):
         """The session from the read model plus the log's events it has not projected yet."""
         if checkpoint_id is not None:
             return await super().restore(scope, checkpoint_id)  # projected with all it covers
-        row = await self.store.projected_session(scope)
+        row, since = await self.store.projected_session(scope)
         messages: list[Message] = []
         if row is not None and row.status != "erased":
             messages = await self._transcript(scope, row.base_seq, row.last_seq, row.message_count)
-        for event in await self.store.unprojected(scope, row.last_seq if row else 0):
+        for event in await self.store.unprojected(scope, row.last_seq if row else 0, since):
             try:
                 row, _ = fold(row, event)
             except InvalidEventError:

@@ -24,6 +24,8 @@ from tests.support.readmodel import fold_of, in_postgres, log_events, read_recor
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.kafka
+
 
 @pytest.fixture
 async def env() -> AsyncIterator[KafkaEnv]:

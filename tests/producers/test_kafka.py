@@ -15,6 +15,8 @@ from loomflow.schemas import Message, RunStarted, TurnAppended
 from loomflow.schemas.codec import decode_event
 from tests.support.services import kafka_bootstrap
 
+pytestmark = pytest.mark.kafka
+
 
 @pytest.fixture
 async def topics() -> Topics:

@@ -28,6 +28,8 @@ from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
 from tests.support.waiting import eventually
 
+pytestmark = pytest.mark.kafka
+
 
 @pytest.fixture
 async def env() -> AsyncIterator[KafkaEnv]:
@@ -162,7 +164,7 @@ async def test_another_process_reads_a_run_the_moment_it_returns(env: KafkaEnv) 
         # the run has returned in the writer; this process reads at once, no waiting
         reader = env.runtime()
         metas = await reader.list_checkpoints(Scope("s1"))
-        row = await reader.store.projected_session(Scope("s1"))
+        row, _ = await reader.store.projected_session(Scope("s1"))
         await reader.close()
         await writer.wait()
     finally:

@@ -30,6 +30,7 @@ async def test_a_runtime_opens_in_async_with_and_is_closed_after(tmp_path: Path)
     await runtime.close()  # closing twice is harmless
 
 
+@pytest.mark.postgres
 async def test_a_store_and_a_projector_work_as_async_with(tmp_path: Path) -> None:
     from loomflow.processors import Projector
     from loomflow.settings import Settings
@@ -42,6 +43,7 @@ async def test_a_store_and_a_projector_work_as_async_with(tmp_path: Path) -> Non
             pass
 
 
+@pytest.mark.postgres
 async def test_a_runtime_that_cannot_open_raises_a_retriable_error_and_leaves_nothing() -> None:
     runtime = PostgresRuntime("postgresql://loomflow:loomflow@127.0.0.1:1/loomflow")
     with pytest.raises(StoreUnavailableError) as caught:

@@ -43,6 +43,8 @@ from loomflow.schemas.events import (
 from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
 
+pytestmark = pytest.mark.postgres
+
 
 @pytest.fixture
 def dsn() -> str:
