@@ -7,7 +7,7 @@ all of them hold the same read model for the same log.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -38,18 +38,23 @@ __all__ = [
     "BASE_TYPES",
     "TRANSCRIPT_TYPES",
     "AddTranscript",
+    "Change",
     "CheckpointRow",
     "DeleteCheckpoints",
     "EraseSession",
     "Mutation",
+    "PruneFilter",
     "PutCheckpoint",
     "PutStep",
     "RetainCheckpoints",
+    "SessionKey",
     "SessionRow",
     "SessionStatus",
     "StepRow",
     "fold",
     "materialise",
+    "maybe_redelivered",
+    "project",
 ]
 
 SessionStatus = Literal["running", "finished", "failed", "erased"]
@@ -259,6 +264,85 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
         case _:
             pass  # signals and future informational events change no projection
     return _evolve(session, changes), mutations
+
+
+@dataclass(frozen=True)
+class PruneFilter:
+    """What ``store.prune`` deletes, checked: sessions matching ``session_id`` (any when
+    None) of ``user_id`` (any user when ``any_user``); of those, the ones last changed
+    before ``before`` (all when None) go whole, the others lose their checkpoints and
+    journal steps recorded before it."""
+
+    before: datetime | None
+    session_id: str | None
+    user_id: str | None
+    any_user: bool
+
+
+#: (user id, session id): the key every store files a session's rows under.
+SessionKey = tuple[str | None, str]
+
+
+@dataclass(frozen=True)
+class Change:
+    """An event of a batch that the fold accepted, with the read-model changes it makes."""
+
+    event: Event
+    mutations: list[Mutation]
+
+
+def maybe_redelivered(
+    rows: Mapping[SessionKey, SessionRow | None], events: Iterable[Event]
+) -> list[tuple[str | None, str, int]]:
+    """(user, session, seq) of the events at or below their session's last seq.
+
+    Only these can be a redelivery of an event already stored: a store looks up which
+    event ids it holds at these seqs and hands them to :func:`project`.
+    """
+    return [
+        (e.user_id, e.session_id, e.seq)
+        for e in events
+        if (row := rows.get((e.user_id, e.session_id))) is not None and e.seq <= row.last_seq
+    ]
+
+
+def project(
+    rows: Mapping[SessionKey, SessionRow | None],
+    events: Iterable[Event],
+    stored: Mapping[tuple[str | None, str, int], str],
+) -> tuple[dict[SessionKey, SessionRow], list[Change]]:
+    """The step every store applies to a batch of events: skip what it already holds,
+    fold the rest.
+
+    ``rows`` are the stored rows of the batch's sessions (None or missing: no row yet);
+    ``stored`` maps (user, session, seq) to the event id the log holds there, for the
+    seqs :func:`maybe_redelivered` named. An event whose id is already stored at its seq
+    is a retried or redelivered write and is skipped, so appends and consumers are
+    idempotent; any other event is folded, and refused with an InvalidEventError when the
+    fold refuses it. Returns the changed rows and the accepted events with their
+    mutations, in order. Nothing is changed in place: a store applies the result (in one
+    transaction) only when the whole batch was accepted.
+    """
+    current = dict(rows)
+    held = dict(stored)
+    changed: dict[SessionKey, SessionRow] = {}
+    changes: list[Change] = []
+    for event in events:
+        key = (event.user_id, event.session_id)
+        row = current.get(key)
+        if (
+            row is not None
+            and event.seq <= row.last_seq
+            and held.get((*key, event.seq)) == event.event_id
+        ):
+            continue
+        folded, mutations = fold(row, event)
+        if any(isinstance(m, EraseSession) for m in mutations):
+            held = {k: v for k, v in held.items() if k[:2] != key}
+        held[(*key, event.seq)] = event.event_id
+        current[key] = changed[key] = folded
+        changes.append(Change(event, mutations))
+    return changed, changes
 
 
 def _evolve(row: SessionRow, changes: dict[str, Any]) -> SessionRow:

@@ -19,7 +19,6 @@ import re
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from functools import lru_cache
 from typing import Any
 
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 from loomflow.errors import (
     CorruptRecordError,
     InvalidEventError,
+    LoomflowError,
     SequenceConflictError,
     StoreError,
     StoreUnavailableError,
@@ -41,12 +41,14 @@ from loomflow.projections.fold import (
     DeleteCheckpoints,
     EraseSession,
     Mutation,
+    PruneFilter,
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
     SessionRow,
     StepRow,
-    fold,
+    maybe_redelivered,
+    project,
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message, Usage
@@ -60,6 +62,7 @@ __all__ = [
     "apply",
     "apply_events",
     "check_schema",
+    "commit_round",
     "find_refusal",
     "forget_processor",
     "get_checkpoint",
@@ -365,22 +368,24 @@ async def load_session(
     return None if row is None else _session_row(row)
 
 
-async def match_sessions(
-    conn: asyncpg.Connection,
-    schema: str,
-    *,
-    session_id: str | None = None,
-    user_id: str | None = None,
-    any_user: bool = True,
-) -> list[SessionRow]:
-    """Rows of the live (not erased) sessions matching every given filter."""
-    where, args = ["status <> 'erased'"], []
-    if session_id is not None:
-        args.append(session_id)
+def _matching(match: PruneFilter, args: list[Any]) -> str:
+    """The WHERE condition selecting ``match``'s sessions; appends its parameters."""
+    where = ["true"]
+    if match.session_id is not None:
+        args.append(match.session_id)
         where.append(f"session_id = ${len(args)}")
-    if not any_user:
-        args.append(_uid(user_id))
+    if not match.any_user:
+        args.append(_uid(match.user_id))
         where.append(f"user_id = ${len(args)}")
+    return " AND ".join(where)
+
+
+async def match_sessions(
+    conn: asyncpg.Connection, schema: str, match: PruneFilter
+) -> list[SessionRow]:
+    """Rows of the live (not erased) sessions that ``match`` selects."""
+    args: list[Any] = []
+    where = [_matching(match, args), "status <> 'erased'"]
     rows = await conn.fetch(
         f"SELECT {_SESSION_COLUMNS} FROM {_q(schema)}.sessions WHERE {' AND '.join(where)} "
         "ORDER BY user_id, session_id",
@@ -498,7 +503,7 @@ async def _write(
 
 
 async def _stored_event_ids(
-    conn: asyncpg.Connection, schema: str, wanted: list[tuple[str, str, int]]
+    conn: asyncpg.Connection, schema: str, wanted: list[tuple[str | None, str, int]]
 ) -> dict[tuple[str | None, str, int], str]:
     if not wanted:
         return {}
@@ -506,7 +511,7 @@ async def _stored_event_ids(
         f"SELECT user_id, session_id, seq, event_id FROM {_q(schema)}.events "
         "WHERE (user_id, session_id, seq) IN "
         "(SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))",
-        [w[0] for w in wanted],
+        [_uid(w[0]) for w in wanted],
         [w[1] for w in wanted],
         [w[2] for w in wanted],
     )
@@ -535,41 +540,48 @@ async def apply_events(
     keys = sorted({(_uid(e.user_id), e.session_id) for e in events})
     if not keys:
         return
-    loaded = await _lock_sessions(conn, schema, keys)
-    rows: dict[_Key, SessionRow | None] = dict(loaded)
-    retried = [
-        (_uid(e.user_id), e.session_id, e.seq)
-        for e in events
-        if (r := loaded.get((e.user_id, e.session_id))) is not None and e.seq <= r.last_seq
-    ]
-    # event ids at each (session, seq): what the store holds plus what this batch wrote
-    stored = await _stored_event_ids(conn, schema, retried)
+    rows = await _lock_sessions(conn, schema, keys)
+    stored = await _stored_event_ids(conn, schema, maybe_redelivered(rows, events))
+    changed, changes = project(rows, events, stored)
     written: list[Event] = []
-    changed: dict[_Key, SessionRow] = {}
     pending: dict[_Key, list[Mutation]] = {}
-    for event in events:
-        key = (event.user_id, event.session_id)
-        current = rows.get(key)
-        if (
-            current is not None
-            and event.seq <= current.last_seq
-            and stored.get((*key, event.seq)) == event.event_id
-        ):
-            continue  # a retried append of an event already stored
-        folded, mutations = fold(current, event)
+    for change in changes:
+        key = (change.event.user_id, change.event.session_id)
         queue = pending.setdefault(key, [])
-        for mutation in mutations:
+        for mutation in change.mutations:
             if isinstance(mutation, EraseSession):  # all of the session goes, written or not
                 written = [e for e in written if (e.user_id, e.session_id) != key]
-                stored = {k: v for k, v in stored.items() if k[:2] != key}
                 queue.clear()
             if not isinstance(mutation, AddTranscript):  # the log row is the transcript
                 queue.append(mutation)
-        written.append(event)
-        stored[(*key, event.seq)] = event.event_id
-        rows[key] = changed[key] = folded
+        written.append(change.event)
     await _apply_in_waves(conn, schema, pending)
     await _write(conn, schema, written, list(changed.values()), payloads or {})
+
+
+async def commit_round(
+    conn: asyncpg.Connection, schema: str, appends: list[list[Event]]
+) -> list[LoomflowError | None]:
+    """Commit a round of appends in one transaction; return each append's outcome."""
+    try:
+        async with conn.transaction():
+            await apply_events(conn, schema, [e for events in appends for e in events])
+        return [None] * len(appends)
+    except LoomflowError as exc:
+        if len(appends) == 1:
+            return [exc]
+    # one of them was refused: again, each in its own savepoint, so that it fails alone
+    outcomes: list[LoomflowError | None] = []
+    async with conn.transaction():
+        for events in appends:
+            try:
+                async with conn.transaction():
+                    await apply_events(conn, schema, events)
+            except LoomflowError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+    return outcomes
 
 
 # -- mutations -----------------------------------------------------------------------
@@ -933,30 +945,13 @@ async def read_transcript(
 
 
 async def prune(
-    conn: asyncpg.Connection,
-    schema: str,
-    *,
-    before: datetime | None,
-    session_id: str | None = None,
-    user_id: str | None = None,
-    any_user: bool = True,
+    conn: asyncpg.Connection, schema: str, match: PruneFilter
 ) -> tuple[int, int, int, int]:
-    """Delete what matches every filter, in one statement; return the counts of
-    (sessions, checkpoints, steps, events) deleted.
-
-    Sessions whose last event is older than ``before`` (all matching ones when it is
-    None) go whole; in the others, checkpoints, journal steps and their step events
-    recorded before ``before`` do. ``any_user`` False restricts to ``user_id``.
-    """
+    """Delete what ``match`` selects, in one statement of the caller's transaction;
+    return the counts of (sessions, checkpoints, steps, events) deleted."""
     s = _q(schema)
-    where: list[str] = ["true"]
-    args: list[Any] = [before]
-    if session_id is not None:
-        args.append(session_id)
-        where.append(f"session_id = ${len(args)}")
-    if not any_user:
-        args.append(_uid(user_id))
-        where.append(f"user_id = ${len(args)}")
+    args: list[Any] = [match.before]
+    where = [_matching(match, args)]
     joined = "t.user_id = m.user_id AND t.session_id = m.session_id"
     row = await conn.fetchrow(
         f"WITH matched AS (SELECT user_id, session_id, "

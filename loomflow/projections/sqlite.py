@@ -11,11 +11,12 @@ import logging
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from loomflow.errors import CorruptRecordError, StoreError
+from loomflow.errors import CorruptRecordError, LoomflowError, StoreError
 from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
     AddTranscript,
@@ -23,11 +24,14 @@ from loomflow.projections.fold import (
     DeleteCheckpoints,
     EraseSession,
     Mutation,
+    PruneFilter,
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
     SessionRow,
     StepRow,
+    maybe_redelivered,
+    project,
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message, Usage
@@ -140,6 +144,22 @@ def migrate(conn: sqlite3.Connection) -> None:
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
+    """Open the file in WAL mode, creating or migrating its tables."""
+    try:
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        conn.execute("PRAGMA synchronous = NORMAL")
+        migrate(conn)
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open {path} as a loomflow SQLite store: {exc}") from exc
+    if str(mode).lower() != "wal":
+        conn.close()
+        raise StoreError(f"{path}: SQLite refused WAL mode (got {mode})")
+    return conn
 
 
 def ts(moment: datetime) -> str:
@@ -412,3 +432,105 @@ def apply(
         case EraseSession():
             for table in ("loomflow_events", "loomflow_checkpoints", "loomflow_steps"):
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?", scope)
+
+
+def commit_round(
+    conn: sqlite3.Connection, batches: list[list[Event]]
+) -> list[LoomflowError | None]:
+    """Apply each batch in its own savepoint of one transaction; return each outcome."""
+    outcomes: list[LoomflowError | None] = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for events in batches:
+            conn.execute("SAVEPOINT batch")
+            try:
+                apply_events(conn, events)
+            except LoomflowError as exc:  # refused by the fold: only this batch fails
+                conn.execute("ROLLBACK TO batch")
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+            conn.execute("RELEASE batch")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return outcomes
+
+
+def apply_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+    """Fold events into the read model and append them to the log, in the caller's
+    transaction; a refused event raises and the caller rolls the batch back."""
+    rows = {key: load_session(conn, *key) for key in {(e.user_id, e.session_id) for e in events}}
+    stored = _stored_event_ids(conn, maybe_redelivered(rows, events))
+    changed, changes = project(rows, events, stored)
+    for change in changes:
+        event = change.event
+        for mutation in change.mutations:
+            apply(conn, event.user_id, event.session_id, mutation)
+        insert_event(conn, event)
+    for row in changed.values():
+        save_session(conn, row)
+
+
+def _stored_event_ids(
+    conn: sqlite3.Connection, wanted: list[tuple[str | None, str, int]]
+) -> dict[tuple[str | None, str, int], str]:
+    stored: dict[tuple[str | None, str, int], str] = {}
+    for user_id, session_id, seq in wanted:
+        row = conn.execute(
+            "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ?",
+            (_uid(user_id), session_id, seq),
+        ).fetchone()
+        if row is not None:
+            stored[(user_id, session_id, seq)] = row[0]
+    return stored
+
+
+def prune(conn: sqlite3.Connection, match: PruneFilter) -> tuple[int, int, int, int]:
+    """Delete what ``match`` selects in one transaction; return the counts of
+    (sessions, checkpoints, steps, events) deleted."""
+    before = match.before
+    where, params = [], []
+    if match.session_id is not None:
+        where.append("session_id = ?")
+        params.append(match.session_id)
+    if not match.any_user:
+        where.append("user_id = ?")
+        params.append(_uid(match.user_id))
+    clause = " AND ".join(where) or "1"
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        sessions = checkpoints = steps = events = 0
+        matched = conn.execute(
+            f"SELECT user_id, session_id, updated_at FROM loomflow_sessions WHERE {clause}", params
+        ).fetchall()
+        for uid, sid, updated_at in matched:
+            scope = (uid, sid)
+            if before is None or datetime.fromisoformat(updated_at) < before:
+                sessions += 1
+                checkpoints += _delete(conn, "loomflow_checkpoints", scope)
+                steps += _delete(conn, "loomflow_steps", scope)
+                events += _delete(conn, "loomflow_events", scope)
+                _delete(conn, "loomflow_sessions", scope)
+                continue
+            cutoff = ts(before)
+            checkpoints += _delete(conn, "loomflow_checkpoints", scope, "created_at < ?", cutoff)
+            steps += _delete(conn, "loomflow_steps", scope, "at < ?", cutoff)
+            events += _delete(
+                conn, "loomflow_events", scope, "type = 'step.recorded' AND at < ?", cutoff
+            )
+        conn.execute("COMMIT")
+        return sessions, checkpoints, steps, events
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+def _delete(
+    conn: sqlite3.Connection, table: str, scope: tuple[str, str], extra: str = "", *args: Any
+) -> int:
+    sql_text = f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?"
+    if extra:
+        sql_text += f" AND {extra}"
+    return conn.execute(sql_text, (*scope, *args)).rowcount

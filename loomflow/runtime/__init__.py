@@ -10,19 +10,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from loomflow.runtime.base import (
-    ANY_USER,
-    EventStore,
-    Journal,
-    PruneResult,
-    RestoredState,
-    Runtime,
-    Scope,
-    SessionWriter,
-    current_journal,
-)
+from loomflow.runtime.base import RestoredState, Runtime
 from loomflow.runtime.inproc import InProcRuntime, InProcStore
+from loomflow.runtime.journal import Journal, current_journal
+from loomflow.runtime.scope import ANY_USER, PruneResult, Scope
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
+from loomflow.runtime.store import DatabaseStore, EventStore
+from loomflow.runtime.writer import SessionWriter
 
 if TYPE_CHECKING:
     from loomflow.runtime.kafka import KafkaRuntime, KafkaStore
@@ -30,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ANY_USER",
+    "DatabaseStore",
     "EventStore",
     "InProcRuntime",
     "InProcStore",

@@ -5,27 +5,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
 
 from loomflow.projections.fold import (
     CheckpointRow,
+    EraseSession,
+    PruneFilter,
     SessionRow,
     StepRow,
-    fold,
     materialise,
+    maybe_redelivered,
+    project,
 )
 from loomflow.projections.memory import MemorySession, apply
-from loomflow.runtime.base import (
-    ANY_USER,
-    EventStore,
-    PruneResult,
-    Runtime,
-    Scope,
-    Serializer,
-    _check_prune_filters,
-)
-from loomflow.schemas import Event, Message, SessionErased, StepRecorded
+from loomflow.runtime.base import Runtime
+from loomflow.runtime.journal import Serializer
+from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.store import EventStore
+from loomflow.schemas import Event, Message, StepRecorded
 
 __all__ = ["InProcRuntime", "InProcStore"]
 
@@ -46,32 +42,25 @@ class InProcStore(EventStore):
 
     async def append(self, events: Sequence[Event]) -> None:
         async with self._lock:
-            staged: dict[tuple[str | None, str], _Entry] = {}
-            for event in events:
+            rows = {key: entry.row for key, entry in self._sessions.items()}
+            wanted = maybe_redelivered(rows, events)
+            stored = {
+                (user, session, seq): found.event_id
+                for user, session, seq in wanted
+                if (found := _at_seq(self._sessions[(user, session)].log, seq)) is not None
+            }
+            changed, changes = project(rows, events, stored)  # raises before any change
+            for change in changes:
+                event = change.event
                 key = (event.user_id, event.session_id)
-                entry = staged.get(key) or self._sessions.get(key)
-                if entry is not None and event.seq <= entry.row.last_seq:
-                    stored = _at_seq(entry.log, event.seq)
-                    if stored is not None and stored.event_id == event.event_id:
-                        continue  # a retried append of an event already stored
-                row, mutations = fold(entry.row if entry else None, event)
-                if entry is None:
-                    entry = _Entry(row)
-                elif key not in staged:
-                    # copy-on-write so a refused event later in the batch changes nothing
-                    entry = _Entry(
-                        row,
-                        list(entry.log),
-                        MemorySession(list(entry.model.checkpoints), dict(entry.model.steps)),
-                    )
-                entry.row = row
-                if mutations and isinstance(event, SessionErased):
+                entry = self._sessions.setdefault(key, _Entry(changed[key]))
+                if any(isinstance(m, EraseSession) for m in change.mutations):
                     entry.log.clear()
                 entry.log.append(event)
-                for mutation in mutations:
+                for mutation in change.mutations:
                     apply(entry.model, mutation)
-                staged[key] = entry
-            self._sessions.update(staged)
+            for key, row in changed.items():
+                self._sessions[key].row = row
 
     def _entry(self, scope: Scope) -> _Entry | None:
         return self._sessions.get((scope.user_id, scope.session_id))
@@ -111,20 +100,14 @@ class InProcStore(EventStore):
         entry = self._entry(scope)
         return [e for e in entry.log if e.seq > after_seq] if entry else []
 
-    async def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        session_id: str | None = None,
-        user_id: Any = ANY_USER,
-    ) -> PruneResult:
-        _check_prune_filters(before, session_id, user_id)
+    async def _prune(self, match: PruneFilter) -> PruneResult:
+        before = match.before
         sessions = checkpoints = steps = events = 0
         async with self._lock:
             for key, entry in list(self._sessions.items()):
-                if session_id is not None and key[1] != session_id:
+                if match.session_id is not None and key[1] != match.session_id:
                     continue
-                if user_id is not ANY_USER and key[0] != user_id:
+                if not match.any_user and key[0] != match.user_id:
                     continue
                 if before is None or entry.row.updated_at < before:
                     sessions += 1

@@ -24,7 +24,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -44,19 +43,20 @@ from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
 from loomflow.producers.kafka import kafka_error
 from loomflow.producers.topics import unreachable
 from loomflow.projections import postgres as pg
-from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold, materialise
-from loomflow.projections.postgres import store_error
-from loomflow.runtime.base import (
-    ANY_USER,
-    EventStore,
-    PruneResult,
-    RestoredState,
-    Runtime,
-    Scope,
-    Serializer,
-    _check_prune_filters,
+from loomflow.projections.fold import (
+    CheckpointRow,
+    PruneFilter,
+    SessionRow,
+    StepRow,
+    fold,
+    materialise,
 )
+from loomflow.projections.postgres import store_error
+from loomflow.runtime.base import RestoredState, Runtime
+from loomflow.runtime.journal import Serializer
 from loomflow.runtime.postgres import PostgresStore, _redact
+from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.store import EventStore
 from loomflow.schemas import (
     CheckpointsPruned,
     Event,
@@ -633,23 +633,17 @@ class KafkaStore(EventStore):
         await self._synced(scope)
         return await self._reads.read_events(scope, after_seq)
 
-    async def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        session_id: str | None = None,
-        user_id: Any = ANY_USER,
-    ) -> PruneResult:
+    async def _prune(self, match: PruneFilter) -> PruneResult:
         """Prune by appending events, so a rebuild from the log prunes the same things.
 
         A whole session goes by an erasure tombstone (its id is not reused, unlike on the
         embedded stores); in a live session, checkpoints older than ``before`` go by a
         ``checkpoints.pruned`` event. Journal steps of live sessions are kept.
         """
-        _check_prune_filters(before, session_id, user_id)
         await self.start()
+        before = match.before
         sessions = checkpoints = events = 0
-        for row in await self._reads.matching_sessions(session_id, user_id):
+        for row in await self._reads.matching_sessions(match):
             scope = Scope(row.session_id, row.user_id)
             kept = await self._reads.list_checkpoints(scope, 1 << 30)
             if before is None or row.updated_at < before:

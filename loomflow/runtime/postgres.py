@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 from collections.abc import Awaitable, Callable, Sequence
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from loomflow.errors import LoomflowError, StoreClosedError, StoreError
+from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import postgres as pg
-from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow
+from loomflow.projections.fold import PruneFilter, SessionRow
 from loomflow.projections.postgres import store_error
-from loomflow.runtime.base import (
-    ANY_USER,
-    EventStore,
-    GroupCommit,
-    PruneResult,
-    Runtime,
-    Scope,
-    Serializer,
-    TranscriptCache,
-    _check_prune_filters,
-)
-from loomflow.schemas import Event, Message
+from loomflow.runtime.base import Runtime
+from loomflow.runtime.group_commit import GroupCommit
+from loomflow.runtime.journal import Serializer
+from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.store import DatabaseStore
+from loomflow.schemas import Event
 from loomflow.settings import Settings
 
 __all__ = ["PostgresRuntime", "PostgresStore"]
@@ -57,32 +49,7 @@ async def _leave_session(conn: asyncpg.Connection) -> None:
     """
 
 
-async def _commit_round(
-    conn: asyncpg.Connection, schema: str, appends: list[list[Event]]
-) -> list[LoomflowError | None]:
-    """Commit a round of appends in one transaction; return each append's outcome."""
-    try:
-        async with conn.transaction():
-            await pg.apply_events(conn, schema, [e for events in appends for e in events])
-        return [None] * len(appends)
-    except LoomflowError as exc:
-        if len(appends) == 1:
-            return [exc]
-    # one of them was refused: again, each in its own savepoint, so that it fails alone
-    outcomes: list[LoomflowError | None] = []
-    async with conn.transaction():
-        for events in appends:
-            try:
-                async with conn.transaction():
-                    await pg.apply_events(conn, schema, events)
-            except LoomflowError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-    return outcomes
-
-
-class PostgresStore(EventStore):
+class PostgresStore(DatabaseStore):
     """A PostgreSQL schema holding the log and its read model.
 
     Appends that arrive while a commit is in flight are committed together in the next
@@ -113,8 +80,10 @@ class PostgresStore(EventStore):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening = asyncio.Lock()
         self._closed = False
-        self._cache = TranscriptCache()
-        self._writes = GroupCommit(lambda batches: self._call(_commit_round, batches), self._cache)
+        super().__init__()
+        self._writes = GroupCommit(
+            lambda batches: self._call(pg.commit_round, batches), self._cache
+        )
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redact(self.dsn)!r}, schema={self.schema!r})"
@@ -205,60 +174,20 @@ class PostgresStore(EventStore):
         await self._ready()  # fail here, not in the drainer, when the store cannot open
         await self._writes.append(list(events))
 
-    def forget(self, scope: Scope) -> None:
-        """Drop what the transcript cache holds of the session."""
-        self._cache.forget((scope.user_id, scope.session_id))
-
-    async def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        session_id: str | None = None,
-        user_id: Any = ANY_USER,
-    ) -> PruneResult:
-        _check_prune_filters(before, session_id, user_id)
-        self._cache.forget()
-        counts = await self._call(_prune, before, session_id, user_id)
-        return PruneResult(*counts)
+    async def _prune(self, match: PruneFilter) -> PruneResult:
+        self.forget()
+        return PruneResult(*await self._call(_prune, match))
 
     # -- reads -------------------------------------------------------------------------------
 
-    async def session(self, scope: Scope) -> SessionRow | None:
-        return await self._call(pg.load_session, scope.user_id, scope.session_id)
+    queries: ClassVar[Any] = pg
 
-    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
-        return await self._call(pg.get_checkpoint, scope.user_id, scope.session_id, checkpoint_id)
+    async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
+        return await self._call(query, scope.user_id, scope.session_id, *args)
 
-    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
-        return await self._call(pg.list_checkpoints, scope.user_id, scope.session_id, limit)
-
-    async def transcript(
-        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
-    ) -> list[Message]:
-        async def fetch(lo: int, hi: int) -> list[Message]:
-            return await self._call(pg.read_transcript, scope.user_id, scope.session_id, lo, hi)
-
-        key = (scope.user_id, scope.session_id)
-        return await self._cache.read(key, base_seq, upto_seq, message_count, fetch)
-
-    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
-        return await self._call(pg.get_step, scope.user_id, scope.session_id, step_key)
-
-    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
-        return await self._call(
-            pg.read_events, scope.user_id, scope.session_id, after_seq + 1, 2**62
-        )
-
-    async def matching_sessions(self, session_id: str | None, user_id: Any) -> list[SessionRow]:
-        """Live sessions matching the filters (``ANY_USER`` matches every user)."""
-        return await self._call(
-            functools.partial(
-                pg.match_sessions,
-                session_id=session_id,
-                user_id=None if user_id is ANY_USER else user_id,
-                any_user=user_id is ANY_USER,
-            )
-        )
+    async def matching_sessions(self, match: PruneFilter) -> list[SessionRow]:
+        """The live sessions that ``match`` selects."""
+        return await self._call(pg.match_sessions, match)
 
     async def positions(self, consumer: str, topic: str) -> dict[int, int]:
         """partition -> next offset the projector group ``consumer`` committed."""
@@ -286,21 +215,10 @@ class PostgresStore(EventStore):
 
 
 async def _prune(
-    conn: asyncpg.Connection,
-    schema: str,
-    before: datetime | None,
-    session_id: str | None,
-    user_id: Any,
+    conn: asyncpg.Connection, schema: str, match: PruneFilter
 ) -> tuple[int, int, int, int]:
     async with conn.transaction():
-        return await pg.prune(
-            conn,
-            schema,
-            before=before,
-            session_id=session_id,
-            user_id=None if user_id is ANY_USER else user_id,
-            any_user=user_id is ANY_USER,
-        )
+        return await pg.prune(conn, schema, match)
 
 
 class PostgresRuntime(Runtime):

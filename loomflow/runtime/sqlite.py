@@ -8,32 +8,25 @@ import os
 import sqlite3
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from loomflow.errors import LoomflowError, StoreClosedError, StoreError
+from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
-from loomflow.projections.fold import CheckpointRow, SessionRow, StepRow, fold
-from loomflow.runtime.base import (
-    ANY_USER,
-    EventStore,
-    GroupCommit,
-    PruneResult,
-    Runtime,
-    Scope,
-    Serializer,
-    TranscriptCache,
-    _check_prune_filters,
-)
-from loomflow.schemas import Event, Message
+from loomflow.projections.fold import PruneFilter
+from loomflow.runtime.base import Runtime
+from loomflow.runtime.group_commit import GroupCommit
+from loomflow.runtime.journal import Serializer
+from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.store import DatabaseStore
+from loomflow.schemas import Event
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
 
 T = TypeVar("T")
 
 
-class SqliteStore(EventStore):
+class SqliteStore(DatabaseStore):
     """A SQLite file holding the log and its read model.
 
     All SQLite work runs on one thread owned by this store, so the event loop never
@@ -51,9 +44,9 @@ class SqliteStore(EventStore):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loomflow-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        self._cache = TranscriptCache()
+        super().__init__()
         self._writes = GroupCommit(
-            lambda batches: self._call(_append_batches, batches), self._cache
+            lambda batches: self._call(sql.commit_round, batches), self._cache
         )
 
     # -- thread plumbing ---------------------------------------------------------------
@@ -76,18 +69,8 @@ class SqliteStore(EventStore):
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"directory {self.path.parent} does not exist for store {self.path}")
-        try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True)
-            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_ms)}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            conn.execute("PRAGMA synchronous = NORMAL")
-            sql.migrate(conn)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"cannot open {self.path} as a loomflow SQLite store: {exc}") from exc
-        if str(mode).lower() != "wal":
-            raise StoreError(f"{self.path}: SQLite refused WAL mode (got {mode})")
-        self._conn = conn
-        return conn
+        self._conn = sql.connect(self.path, self._busy_timeout_ms)
+        return self._conn
 
     async def open(self) -> None:
         """Open (creating or migrating) the file now instead of on first use."""
@@ -115,141 +98,16 @@ class SqliteStore(EventStore):
             raise StoreClosedError(f"the SQLite store {self.path} is closed")
         await self._writes.append(list(events))
 
-    async def prune(
-        self,
-        *,
-        before: datetime | None = None,
-        session_id: str | None = None,
-        user_id: Any = ANY_USER,
-    ) -> PruneResult:
-        _check_prune_filters(before, session_id, user_id)
-        self._cache.forget()
-        return await self._call(_prune, before, session_id, user_id)
+    async def _prune(self, match: PruneFilter) -> PruneResult:
+        self.forget()
+        return PruneResult(*await self._call(sql.prune, match))
 
     # -- reads -------------------------------------------------------------------------
 
-    async def session(self, scope: Scope) -> SessionRow | None:
-        return await self._call(sql.load_session, scope.user_id, scope.session_id)
+    queries: ClassVar[Any] = sql
 
-    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
-        return await self._call(sql.get_checkpoint, scope.user_id, scope.session_id, checkpoint_id)
-
-    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
-        return await self._call(sql.list_checkpoints, scope.user_id, scope.session_id, limit)
-
-    async def transcript(
-        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
-    ) -> list[Message]:
-        async def fetch(lo: int, hi: int) -> list[Message]:
-            return await self._call(sql.read_transcript, scope.user_id, scope.session_id, lo, hi)
-
-        key = (scope.user_id, scope.session_id)
-        return await self._cache.read(key, base_seq, upto_seq, message_count, fetch)
-
-    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
-        return await self._call(sql.get_step, scope.user_id, scope.session_id, step_key)
-
-    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
-        return await self._call(
-            sql.read_events, scope.user_id, scope.session_id, after_seq + 1, 2**62
-        )
-
-
-def _append_batches(
-    conn: sqlite3.Connection, batches: list[list[Event]]
-) -> list[LoomflowError | None]:
-    """Apply each batch in its own savepoint of one transaction; return each outcome."""
-    outcomes: list[LoomflowError | None] = []
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        for events in batches:
-            conn.execute("SAVEPOINT batch")
-            try:
-                _apply_events(conn, events)
-            except LoomflowError as exc:  # refused by the fold: only this batch fails
-                conn.execute("ROLLBACK TO batch")
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-            conn.execute("RELEASE batch")
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    return outcomes
-
-
-def _apply_events(conn: sqlite3.Connection, events: list[Event]) -> None:
-    rows: dict[tuple[str | None, str], SessionRow | None] = {}
-    for event in events:
-        key = (event.user_id, event.session_id)
-        if key not in rows:
-            rows[key] = sql.load_session(conn, *key)
-        current = rows[key]
-        if current is not None and event.seq <= current.last_seq:
-            stored = conn.execute(
-                "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? "
-                "AND seq = ?",
-                ("" if key[0] is None else key[0], key[1], event.seq),
-            ).fetchone()
-            if stored is not None and stored[0] == event.event_id:
-                continue  # a retried append of an event already stored
-        folded, mutations = fold(current, event)
-        for mutation in mutations:
-            sql.apply(conn, event.user_id, event.session_id, mutation)
-        sql.insert_event(conn, event)
-        rows[key] = folded
-    for row in rows.values():
-        if row is not None:
-            sql.save_session(conn, row)
-
-
-def _prune(
-    conn: sqlite3.Connection, before: datetime | None, session_id: str | None, user_id: Any
-) -> PruneResult:
-    where, params = [], []
-    if session_id is not None:
-        where.append("session_id = ?")
-        params.append(session_id)
-    if user_id is not ANY_USER:
-        where.append("user_id = ?")
-        params.append("" if user_id is None else user_id)
-    clause = " AND ".join(where) or "1"
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        sessions = checkpoints = steps = events = 0
-        matched = conn.execute(
-            f"SELECT user_id, session_id, updated_at FROM loomflow_sessions WHERE {clause}", params
-        ).fetchall()
-        for uid, sid, updated_at in matched:
-            scope = (uid, sid)
-            if before is None or datetime.fromisoformat(updated_at) < before:
-                sessions += 1
-                checkpoints += _delete(conn, "loomflow_checkpoints", scope)
-                steps += _delete(conn, "loomflow_steps", scope)
-                events += _delete(conn, "loomflow_events", scope)
-                _delete(conn, "loomflow_sessions", scope)
-                continue
-            cutoff = sql.ts(before)
-            checkpoints += _delete(conn, "loomflow_checkpoints", scope, "created_at < ?", cutoff)
-            steps += _delete(conn, "loomflow_steps", scope, "at < ?", cutoff)
-            events += _delete(
-                conn, "loomflow_events", scope, "type = 'step.recorded' AND at < ?", cutoff
-            )
-        conn.execute("COMMIT")
-        return PruneResult(sessions, checkpoints, steps, events)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-def _delete(
-    conn: sqlite3.Connection, table: str, scope: tuple[str, str], extra: str = "", *args: Any
-) -> int:
-    sql_text = f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?"
-    if extra:
-        sql_text += f" AND {extra}"
-    return conn.execute(sql_text, (*scope, *args)).rowcount
+    async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
+        return await self._call(query, scope.user_id, scope.session_id, *args)
 
 
 class SqliteRuntime(Runtime):

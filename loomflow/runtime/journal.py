@@ -1,0 +1,79 @@
+"""Journaled steps: a tool's side effect recorded once and replayed on resume."""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+from loomflow.schemas import (
+    StepRecorded,
+)
+from loomflow.schemas.codec import decode_value, encode_value, input_hash
+from loomflow.schemas.events import (
+    StepRecordedPayload,
+)
+
+if TYPE_CHECKING:
+    from loomflow.runtime.writer import SessionWriter
+
+__all__ = ["Journal", "Serializer", "current_journal"]
+
+Serializer = Literal["json", "pickle"]
+T = TypeVar("T")
+
+_current_journal: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(
+    "loomflow_journal", default=None
+)
+
+
+def current_journal() -> Journal | None:
+    """The journal of the tool call running now, or None outside an agent run."""
+    return _current_journal.get()
+
+
+class Journal:
+    """Journaled steps: same key and same inputs return the recorded result.
+
+    A step whose key was recorded with different inputs runs again and its new result
+    is recorded. A step that ran but whose record was not written before a crash runs
+    again on resume: delivery is at least once, so steps should be idempotent.
+    """
+
+    def __init__(self, writer: SessionWriter, prefix: str = "") -> None:
+        self._writer = writer
+        self._prefix = prefix
+
+    def scoped(self, prefix: str) -> Journal:
+        return Journal(self._writer, self._prefix + prefix)
+
+    async def step(
+        self, key: str, fn: Callable[..., T | Awaitable[T]], /, *args: Any, **kwargs: Any
+    ) -> T:
+        """Run ``fn(*args, **kwargs)`` once per (key, inputs); replay its recorded value."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("a step key must be a non-empty string")
+        runtime = self._writer.runtime
+        full_key = self._prefix + key
+        digest = input_hash([list(args), kwargs])
+        recorded = await runtime.store.step(self._writer.scope, full_key)
+        if recorded is not None and recorded.input_hash == digest:
+            return cast(T, decode_value(recorded.value, runtime.serializer))
+        outcome = fn(*args, **kwargs)
+        value = cast(T, await outcome) if inspect.isawaitable(outcome) else outcome
+        stored = encode_value(value, runtime.serializer)
+        await self._writer.emit(
+            StepRecorded,
+            StepRecordedPayload(
+                step_key=full_key, input_hash=digest, value=stored, serializer=runtime.serializer
+            ),
+        )
+        return value
+
+    def activate(self) -> contextvars.Token[Journal | None]:
+        return _current_journal.set(self)
+
+    @staticmethod
+    def deactivate(token: contextvars.Token[Journal | None]) -> None:
+        _current_journal.reset(token)

@@ -1,0 +1,50 @@
+"""Whose data an operation touches, and what store-wide operations report."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from loomflow.schemas import (
+    validate_id,
+)
+
+__all__ = ["ANY_USER", "PruneResult", "Scope"]
+
+
+class _AnyUser:
+    def __repr__(self) -> str:
+        return "ANY_USER"
+
+
+#: Passed as ``user_id`` to store-wide operations to match every user.
+ANY_USER: Any = _AnyUser()
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Whose session: every read and write is scoped by (user, session)."""
+
+    session_id: str
+    user_id: str | None = None
+
+    @classmethod
+    def of(cls, session_id: object, user_id: object = None) -> Scope:
+        """Validate ids supplied by a caller and return their scope."""
+        sid = validate_id(session_id, "session_id")
+        uid = None if user_id is None else validate_id(user_id, "user_id")
+        return cls(sid, uid)
+
+    def describe(self) -> str:
+        who = "no user" if self.user_id is None else f"user {self.user_id}"
+        return f"session {self.session_id} ({who})"
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``store.prune`` deleted."""
+
+    sessions: int = 0
+    checkpoints: int = 0
+    steps: int = 0
+    events: int = 0

@@ -1,0 +1,219 @@
+"""The event store: a log plus the read model folded from it, one interface for every backend."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, ClassVar
+
+from loomflow.errors import (
+    SequenceConflictError,
+)
+from loomflow.lifecycle import Resource
+from loomflow.projections.fold import CheckpointRow, PruneFilter, SessionRow, StepRow
+from loomflow.runtime.cache import TranscriptCache
+from loomflow.runtime.scope import ANY_USER, PruneResult, Scope
+from loomflow.schemas import (
+    Event,
+    Message,
+    SessionErased,
+    new_id,
+    validate_id,
+)
+from loomflow.schemas.events import (
+    SessionErasedPayload,
+)
+
+__all__ = ["DatabaseStore", "EventStore", "prune_filter"]
+
+
+class EventStore(Resource, ABC):
+    """A log of events plus the read model folded from it.
+
+    ``append`` folds each event and applies the result in the same transaction as the
+    write; re-appending an event already stored at its seq (same event id) is a no-op,
+    so a writer may retry an append whose outcome it did not see.
+    """
+
+    @abstractmethod
+    async def append(self, events: Sequence[Event]) -> None:
+        """Append events atomically; raise InvalidEventError subclasses on refusal."""
+
+    async def send(self, events: Sequence[Event]) -> None:
+        """Append events without waiting for them to be durable, where the store can.
+
+        For input that the caller still holds (a prompt): the next ``append`` or
+        ``confirm`` of the same session waits for them too, and raises their failure.
+        The embedded stores append at once.
+        """
+        await self.append(events)
+
+    @abstractmethod
+    async def session(self, scope: Scope) -> SessionRow | None:
+        """The session's row, or None when it has no events."""
+
+    @abstractmethod
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        """The named checkpoint (the newest when id is None), or None."""
+
+    @abstractmethod
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        """Up to ``limit`` checkpoints, newest first."""
+
+    @abstractmethod
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        """The transcript as of ``upto_seq``, folded from its base at ``base_seq``.
+
+        ``message_count`` is how many messages the read model recorded at ``upto_seq``;
+        a store may use it to serve a prefix of a longer transcript it already holds.
+        """
+
+    @abstractmethod
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        """The latest journal entry recorded under ``step_key``, or None."""
+
+    @abstractmethod
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        """The session's events after ``after_seq``, in order."""
+
+    async def prune(
+        self,
+        *,
+        before: datetime | None = None,
+        session_id: str | None = None,
+        user_id: Any = ANY_USER,
+    ) -> PruneResult:
+        """Delete journal entries and checkpoints matching every given filter.
+
+        Sessions whose last event is older than ``before`` (or all matching sessions when
+        ``before`` is None) are deleted whole; in the others, checkpoints and journal
+        steps recorded before ``before`` are. At least one filter is required;
+        ``user_id=None`` means the sessions run without a user, ``ANY_USER`` (the default)
+        every user's.
+        """
+        return await self._prune(prune_filter(before, session_id, user_id))
+
+    @abstractmethod
+    async def _prune(self, match: PruneFilter) -> PruneResult:
+        """Delete what the checked filter selects (see ``prune``)."""
+
+    async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
+        """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
+        scope = Scope.of(session_id, user_id)
+        payload = SessionErasedPayload(reason="erase requested")
+        return await self._append_admin(scope, SessionErased, payload)
+
+    async def _append_admin(self, scope: Scope, cls: type[Event], payload: Any) -> bool:
+        """Append one event outside any run, at the session's current epoch (so it fences
+        nobody); False when the session does not exist or was erased."""
+        for _ in range(8):
+            row = await self.session(scope)
+            if row is None or row.status == "erased":
+                return False
+            event = cls(
+                user_id=scope.user_id,
+                session_id=scope.session_id,
+                run_id=new_id("run"),
+                seq=row.last_seq + 1,
+                epoch=row.epoch,
+                payload=payload,
+            )
+            try:
+                await self.append([event])
+                await self.confirm(scope)
+            except SequenceConflictError:
+                continue  # a writer appended meanwhile: go again after it
+            return True
+        raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
+
+    async def confirm(self, scope: Scope) -> None:
+        """Return once the read model holds every event this store appended to ``scope``.
+
+        Raise the typed refusal (an InvalidEventError subclass) of any of them. The
+        embedded stores fold each append in its own transaction, so they have applied
+        (or refused) an append when it returns; a log-first store (Kafka) waits here for
+        its projector.
+        """
+
+
+def prune_filter(before: datetime | None, session_id: str | None, user_id: Any) -> PruneFilter:
+    """The filters of a ``prune`` call, checked: refuses a call that would match the whole
+    store, a naive datetime and invalid ids."""
+    if before is None and session_id is None and user_id is ANY_USER:
+        raise ValueError(
+            "prune() needs at least one filter (before=, session_id= or user_id=); "
+            "refusing to delete the whole store"
+        )
+    if before is not None and before.tzinfo is None:
+        raise ValueError("prune(before=...) needs an aware datetime, e.g. datetime.now(UTC)")
+    if session_id is not None:
+        validate_id(session_id, "session_id")
+    if user_id is not ANY_USER and user_id is not None:
+        validate_id(user_id, "user_id")
+    return PruneFilter(
+        before=before,
+        session_id=session_id,
+        user_id=None if user_id is ANY_USER else user_id,
+        any_user=user_id is ANY_USER,
+    )
+
+
+class DatabaseStore(EventStore):
+    """The reads of a store whose read model is a database (SQLite, PostgreSQL).
+
+    A backend names the module of its read queries (``queries``: functions taking the
+    connection, then the user id and session id, then the read's own arguments) and says
+    how one runs (``_read``); the reads, and a transcript cache that follows this store's
+    appends, are the same for all of them.
+    """
+
+    #: the backend's module of read queries (see the projections package)
+    queries: ClassVar[Any]
+
+    def __init__(self) -> None:
+        self._cache = TranscriptCache()
+
+    @abstractmethod
+    async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
+        """Run ``query(connection, [schema,] user_id, session_id, *args)``."""
+
+    def forget(self, scope: Scope | None = None) -> None:
+        """Drop what the transcript cache holds of the session (of every session: None)."""
+        self._cache.forget(None if scope is None else (scope.user_id, scope.session_id))
+
+    async def session(self, scope: Scope) -> SessionRow | None:
+        row: SessionRow | None = await self._read(self.queries.load_session, scope)
+        return row
+
+    async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
+        row: CheckpointRow | None = await self._read(
+            self.queries.get_checkpoint, scope, checkpoint_id
+        )
+        return row
+
+    async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
+        rows: list[CheckpointRow] = await self._read(self.queries.list_checkpoints, scope, limit)
+        return rows
+
+    async def transcript(
+        self, scope: Scope, base_seq: int, upto_seq: int, message_count: int
+    ) -> list[Message]:
+        async def fetch(lo: int, hi: int) -> list[Message]:
+            messages: list[Message] = await self._read(self.queries.read_transcript, scope, lo, hi)
+            return messages
+
+        key = (scope.user_id, scope.session_id)
+        return await self._cache.read(key, base_seq, upto_seq, message_count, fetch)
+
+    async def step(self, scope: Scope, step_key: str) -> StepRow | None:
+        row: StepRow | None = await self._read(self.queries.get_step, scope, step_key)
+        return row
+
+    async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
+        events: list[Event] = await self._read(
+            self.queries.read_events, scope, after_seq + 1, 2**62
+        )
+        return events

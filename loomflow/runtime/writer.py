@@ -1,0 +1,155 @@
+"""The single writer of a session for one run: seqs, epochs, staged and in-doubt events."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from loomflow.errors import (
+    InvalidEventError,
+)
+from loomflow.runtime.scope import Scope
+from loomflow.schemas import (
+    Event,
+    EventBase,
+)
+
+if TYPE_CHECKING:
+    from loomflow.runtime.base import Runtime
+
+__all__ = ["SessionWriter"]
+
+logger = logging.getLogger("loomflow.runtime")
+
+E = TypeVar("E", bound=EventBase)
+
+
+class SessionWriter:
+    """The single writer of one session for one run: assigns seq and stamps its epoch.
+
+    ``stage`` holds an event (a checkpoint) to go out with the next ``emit``: events made
+    together cost one write, not one each. The loop stages only where no model or tool
+    call runs before that next emit.
+
+    An append that fails with anything but a refusal may still have landed (a timeout
+    after the write reached the log, a connection lost before the commit's reply). Its
+    events are then in doubt: before the next append the writer reads the session once
+    to learn how many landed, and goes on after them, giving back the seqs of those that
+    did not. So an unknown outcome never turns into a taken seq or a gap.
+    """
+
+    def __init__(
+        self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
+    ) -> None:
+        self.runtime = runtime
+        self.scope = scope
+        self.run_id = run_id
+        self.epoch = epoch
+        self.next_seq = next_seq
+        self._staged: list[Event] = []
+        self._in_doubt: list[Event] = []
+        #: events sent without waiting for durability: the next append waits for them
+        self._unacked: list[Event] = []
+
+    def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
+        """Build the event that the next append (plus ``offset``) will write."""
+        return cls(
+            user_id=self.scope.user_id,
+            session_id=self.scope.session_id,
+            run_id=self.run_id,
+            seq=self.next_seq + offset,
+            epoch=self.epoch,
+            payload=payload,
+        )
+
+    def stage(self, cls: type[E], payload: Any) -> E:
+        """Build an event that the next ``emit`` appends in front of its own."""
+        event = self.make(cls, payload)
+        self._staged.append(cast(Event, event))
+        self.next_seq += 1
+        return event
+
+    async def emit(self, cls: type[E], payload: Any) -> E:
+        """Append one event, after any staged ones, and return once it is durable.
+
+        Raise what the store raised. Staged events are optional (checkpoints): when a
+        write that carries them fails for another reason than a refusal, the writer
+        warns, learns what landed, and writes this event alone.
+        """
+        return await self._write(cls, payload, durable=True)
+
+    async def send(self, cls: type[E], payload: Any) -> E:
+        """``emit`` for input the caller still holds (the prompt of a pass): on Kafka it
+        returns before the broker's acknowledgement, which the next ``emit`` (the model's
+        answer) waits for, so the acknowledgement overlaps the model call."""
+        return await self._write(cls, payload, durable=False)
+
+    async def _write(self, cls: type[E], payload: Any, *, durable: bool) -> E:
+        if self._in_doubt:
+            await self._resolve_doubt()
+        staged, self._staged = self._staged, []
+        event = self.make(cls, payload)
+        try:
+            await self._append([*staged, cast(Event, event)], durable=durable)
+        except InvalidEventError:
+            raise
+        except Exception as exc:
+            if not staged:
+                raise
+            logger.warning(
+                "writing %s of %s failed (%s: %s); the run goes on without it",
+                " and ".join(e.type for e in staged),
+                self.scope.describe(),
+                type(exc).__name__,
+                exc,
+            )
+            await self._resolve_doubt()
+            if self.next_seq > event.seq:
+                return event  # it landed after all
+            event = self.make(cls, payload)
+            await self._append([cast(Event, event)], durable=durable)
+        return event
+
+    async def _append(self, batch: list[Event], *, durable: bool = True) -> None:
+        self.next_seq = batch[-1].seq + 1
+        store = self.runtime.store
+        try:
+            await (store.append(batch) if durable else store.send(batch))
+        except InvalidEventError:
+            self.next_seq = (self._unacked or batch)[0].seq  # refused: none of it counts
+            self._unacked = []
+            raise
+        except BaseException:
+            self._in_doubt = [*self._unacked, *batch]
+            self._unacked = []
+            raise
+        self._unacked = [] if durable else [*self._unacked, *batch]
+
+    async def _resolve_doubt(self) -> None:
+        batch = self._in_doubt
+        row = await self.runtime.store.session(self.scope)  # raises while the store is away
+        landed = row.last_seq if row is not None else 0
+        # a batch lands as a prefix (a transaction, or records of one partition in order)
+        self.next_seq = max(batch[0].seq, min(landed, batch[-1].seq) + 1)
+        if self.next_seq <= batch[-1].seq:
+            logger.info(
+                "%s: %d event(s) from seq %d did not land; their seqs are reused",
+                self.scope.describe(),
+                batch[-1].seq + 1 - self.next_seq,
+                self.next_seq,
+            )
+        self._in_doubt = []
+
+    async def confirm(self) -> None:
+        """Wait until the read model holds this run's events; raise any refusal of them."""
+        if self._staged:
+            staged, self._staged = self._staged, []
+            await self._append(staged)
+        try:
+            await self.runtime.store.confirm(self.scope)
+        except InvalidEventError:
+            raise
+        except BaseException:
+            self._in_doubt, self._unacked = [*self._unacked], []
+            raise
+        self._unacked = []
