@@ -37,6 +37,9 @@ class Settings(BaseSettings):
                                               positions as ``<id>-projector``
     ``LOOMFLOW_PROJECTION_TIMEOUT``           seconds a runtime waits for the projector
     ``LOOMFLOW_CONNECT_TIMEOUT``              seconds to wait for a connection
+    ``LOOMFLOW_AUTO_MIGRATE``                 create and migrate the schema and topics on
+                                              first use (default true); false: only check,
+                                              after ``loomflow setup`` ran ahead of a deploy
     ========================================  =================================================
     """
 
@@ -58,6 +61,7 @@ class Settings(BaseSettings):
     processor_id: str = "loomflow-processor"
     projection_timeout: float = Field(default=30.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
+    auto_migrate: bool = True
 
     @field_validator("kafka_bootstrap", "postgres_dsn")
     @classmethod

@@ -33,7 +33,7 @@ from aiokafka.errors import KafkaError
 from loomflow.errors import InvalidEventError, StoreError
 from loomflow.processors.snapshots import SnapshotPublisher
 from loomflow.producers import EventProducer, Topics, scope_key
-from loomflow.producers.topics import unreachable
+from loomflow.producers.topics import started
 from loomflow.projections import postgres as pg
 from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
@@ -357,7 +357,10 @@ class Projector:
                 exc,
             ) from exc
         async with self._pool.acquire() as conn:
-            await pg.migrate(conn, self.schema)
+            if self.settings.auto_migrate:
+                await pg.migrate(conn, self.schema)
+            else:
+                await pg.check_version(conn, self.schema)
         self._producer = EventProducer(self.bootstrap, self.topics)
         await self._producer.start()
         consumer = AIOKafkaConsumer(
@@ -374,12 +377,7 @@ class Projector:
         )
         # the first assignment may come while start() runs: the listener holds the consumer
         consumer.subscribe([self.topics.events], listener=_SeekToStoredPositions(self, consumer))
-        try:
-            await consumer.start()
-        except KafkaError as exc:
-            await consumer.stop()
-            raise unreachable(self.bootstrap, exc) from exc
-        self._consumer = consumer
+        self._consumer = await started(consumer, self.bootstrap)
         await self._report()
         self._tasks = [asyncio.create_task(self._heartbeat())]
         if self.publish_snapshots:

@@ -12,7 +12,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow.errors import StoreError, StoreUnavailableError
-from loomflow.producers.topics import Topics, scope_key, unreachable
+from loomflow.producers.topics import Topics, scope_key, started
 from loomflow.schemas import Event
 from loomflow.schemas.events import MAX_EVENT_BYTES
 
@@ -59,12 +59,7 @@ class EventProducer:
                 linger_ms=self._options.pop("linger_ms", 0),
                 **self._options,
             )
-            try:
-                await producer.start()
-            except KafkaError as exc:
-                await producer.stop()
-                raise unreachable(self.bootstrap, exc) from exc
-            self._producer = producer
+            self._producer = await started(producer, self.bootstrap)
 
     async def stop(self) -> None:
         async with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
@@ -13,7 +14,16 @@ from loomflow.errors import StoreError, StoreUnavailableError
 from loomflow.schemas.events import MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
-__all__ = ["Topics", "ensure_topics", "scope_key", "unreachable"]
+__all__ = ["Topics", "ensure_topics", "scope_key", "started", "unreachable"]
+
+
+class _Client(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Client)
 
 logger = logging.getLogger("loomflow.producers")
 
@@ -73,6 +83,17 @@ def unreachable(bootstrap: str, exc: BaseException) -> StoreError:
     )
 
 
+async def started(client: C, bootstrap: str) -> C:
+    """``client`` (a producer, consumer or admin client) started; when Kafka cannot be
+    reached it is stopped again and StoreUnavailableError raised."""
+    try:
+        await client.start()
+    except KafkaError as exc:
+        await client.stop()
+        raise unreachable(bootstrap, exc) from exc
+    return client
+
+
 async def ensure_topics(bootstrap: str, topics: Topics, *, timeout_ms: int = 30_000) -> None:
     """Create the topics if missing: the log kept forever, snapshots compacted, a DLQ."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
@@ -82,33 +103,15 @@ async def ensure_topics(bootstrap: str, topics: Topics, *, timeout_ms: int = 30_
         raise unreachable(bootstrap, exc) from exc
     try:
         big = str(MAX_EVENT_BYTES + 64 * 1024)  # an event (or a snapshot) may be this large
+        forever = {"cleanup.policy": "delete", "retention.ms": "-1", "max.message.bytes": big}
+        compacted = {"cleanup.policy": "compact", "max.message.bytes": big}
         wanted = [
-            NewTopic(
-                topics.events,
-                topics.partitions,
-                topics.replication,
-                topic_configs={
-                    "cleanup.policy": "delete",
-                    "retention.ms": "-1",
-                    "max.message.bytes": big,
-                },
-            ),
-            NewTopic(
-                topics.snapshots,
-                topics.partitions,
-                topics.replication,
-                topic_configs={"cleanup.policy": "compact", "max.message.bytes": big},
-            ),
-            NewTopic(
-                topics.dlq,
-                topics.partitions,
-                topics.replication,
-                topic_configs={
-                    "cleanup.policy": "delete",
-                    "retention.ms": "-1",
-                    "max.message.bytes": big,
-                },
-            ),
+            NewTopic(name, topics.partitions, topics.replication, topic_configs=configs)
+            for name, configs in (
+                (topics.events, forever),
+                (topics.snapshots, compacted),
+                (topics.dlq, forever),
+            )
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]

@@ -33,9 +33,16 @@ from loomflow.projections.fold import (
     maybe_redelivered,
     project,
 )
+from loomflow.projections.rows import (
+    CHECKPOINT_FIELDS,
+    SESSION_FIELDS,
+    checkpoint_from_row,
+    decoded_events,
+    event_from_row,
+    session_from_row,
+)
 from loomflow.projections.transcript import decode_transcript
-from loomflow.schemas import Event, Message, Usage
-from loomflow.schemas.codec import decode_event
+from loomflow.schemas import Event, Message
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -171,40 +178,15 @@ def _uid(user_id: str | None) -> str:
     return "" if user_id is None else user_id
 
 
-def _usage(text: str) -> Usage:
-    return Usage.model_validate_json(text)
-
-
 def load_session(
     conn: sqlite3.Connection, user_id: str | None, session_id: str
 ) -> SessionRow | None:
     row = conn.execute(
-        "SELECT status, last_seq, epoch, turns, usage, message_count, base_seq, "
-        "parent_session_id, parent_checkpoint_id, last_run_id, created_at, updated_at "
-        "FROM loomflow_sessions WHERE user_id = ? AND session_id = ?",
+        f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions "
+        "WHERE user_id = ? AND session_id = ?",
         (_uid(user_id), session_id),
     ).fetchone()
-    if row is None:
-        return None
-    try:
-        return SessionRow(
-            user_id=user_id,
-            session_id=session_id,
-            status=row[0],
-            last_seq=row[1],
-            epoch=row[2],
-            turns=row[3],
-            usage=_usage(row[4]),
-            message_count=row[5],
-            base_seq=row[6],
-            parent_session_id=row[7],
-            parent_checkpoint_id=row[8],
-            last_run_id=row[9],
-            created_at=datetime.fromisoformat(row[10]),
-            updated_at=datetime.fromisoformat(row[11]),
-        )
-    except (ValueError, TypeError) as exc:
-        raise CorruptRecordError(f"session row {session_id!r} does not decode: {exc}") from exc
+    return None if row is None else session_from_row(row)
 
 
 def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
@@ -255,45 +237,13 @@ EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epo
 
 
 def decode_event_row(row: Sequence[Any]) -> Event:
-    """Rebuild the event stored in one log row; CorruptRecordError when it does not decode."""
-    position, user_id, session_id, seq, type_, event_id, run_id, epoch, v, at, payload = row
-    try:
-        data = {
-            "user_id": user_id or None,
-            "session_id": session_id,
-            "seq": seq,
-            "type": type_,
-            "event_id": event_id,
-            "run_id": run_id,
-            "epoch": epoch,
-            "v": v,
-            "at": at,
-            "payload": orjson.loads(payload),
-        }
-        return decode_event(data)
-    except (orjson.JSONDecodeError, ValueError) as exc:
-        raise CorruptRecordError(
-            f"log row {position} (session {session_id!r}, seq {seq}) does not decode: {exc}"
-        ) from exc
+    """Rebuild the event stored in one log row (position, EVENT_FIELDS, payload)."""
+    position, *fields, payload = row
+    where = f"log row {position} (session {fields[1]!r}, seq {fields[2]})"
+    return event_from_row(fields, payload, where)
 
 
-def _checkpoint_row(row: Sequence[Any]) -> CheckpointRow:
-    try:
-        return CheckpointRow(
-            checkpoint_id=row[0],
-            seq=row[1],
-            base_seq=row[2],
-            turn=row[3],
-            message_count=row[4],
-            cumulative_usage=_usage(row[5]),
-            cursor=row[6],
-            created_at=datetime.fromisoformat(row[7]),
-        )
-    except (ValueError, TypeError) as exc:
-        raise CorruptRecordError(f"checkpoint row {row[0]!r} does not decode: {exc}") from exc
-
-
-CHECKPOINT_COLUMNS = "checkpoint_id, seq, base_seq, turn, message_count, usage, cursor, created_at"
+CHECKPOINT_COLUMNS = ", ".join(CHECKPOINT_FIELDS)
 
 
 def get_checkpoint(
@@ -311,7 +261,7 @@ def get_checkpoint(
             "AND session_id = ? AND checkpoint_id = ?",
             (_uid(user_id), session_id, checkpoint_id),
         ).fetchone()
-    return None if row is None else _checkpoint_row(row)
+    return None if row is None else checkpoint_from_row(row)
 
 
 def list_checkpoints(
@@ -322,7 +272,7 @@ def list_checkpoints(
         "AND session_id = ? ORDER BY seq DESC LIMIT ?",
         (_uid(user_id), session_id, limit),
     ).fetchall()
-    return [_checkpoint_row(r) for r in rows]
+    return [checkpoint_from_row(r) for r in rows]
 
 
 def get_step(
@@ -353,13 +303,7 @@ def read_events(
         "AND seq >= ? AND seq <= ? ORDER BY seq",
         (_uid(user_id), session_id, lo, hi),
     ).fetchall()
-    events: list[Event] = []
-    for row in rows:
-        try:
-            events.append(decode_event_row(row))
-        except CorruptRecordError as exc:
-            logger.warning("skipping a log row: %s", exc)
-    return events
+    return decoded_events(rows, decode_event_row)
 
 
 def read_transcript(

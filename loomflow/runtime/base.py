@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from loomflow.errors import (
     CorruptRecordError,
@@ -69,9 +69,19 @@ class Runtime(Resource):
     def store(self) -> EventStore:
         return self._store
 
+    @classmethod
+    async def connect(cls, *args: Any, **kwargs: Any) -> Self:
+        """A runtime built from the constructor's arguments and opened: connected, with
+        what its store needs created or migrated; a failed open closes it again."""
+        return await cls(*args, **kwargs).__aenter__()
+
     async def open(self) -> None:
         """Connect now (creating or migrating what the store needs) instead of on first use."""
         await self._store.open()
+
+    async def setup(self) -> None:
+        """Create or migrate the store's schema (and topics) now; see ``EventStore.setup``."""
+        await self._store.setup()
 
     async def close(self) -> None:
         """Release the store's connections and threads; the runtime cannot be used after."""

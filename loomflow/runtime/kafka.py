@@ -41,7 +41,7 @@ from loomflow.errors import (
 )
 from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
 from loomflow.producers.kafka import kafka_error
-from loomflow.producers.topics import unreachable
+from loomflow.producers.topics import started
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import (
     CheckpointRow,
@@ -253,6 +253,7 @@ class KafkaStore(EventStore):
             settings.postgres_dsn,
             schema=settings.db_schema,
             connect_timeout=settings.connect_timeout,
+            auto_migrate=settings.auto_migrate,
         )
         self._producer = EventProducer(self.bootstrap, self.topics)
         self._positions = _Positions()
@@ -293,6 +294,11 @@ class KafkaStore(EventStore):
     async def open(self) -> None:
         """Topics, producer, read model and LISTEN connection now, not on first use."""
         await self.start()
+
+    async def setup(self) -> None:
+        """Create the topics and create or migrate the read model's schema now."""
+        await ensure_topics(self.bootstrap, self.topics)
+        await self._reads.setup()
 
     async def close(self) -> None:
         await self._release()
@@ -588,12 +594,7 @@ class KafkaStore(EventStore):
                 enable_auto_commit=False,
                 max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
             )
-            try:
-                await consumer.start()
-            except KafkaError as exc:
-                await consumer.stop()
-                raise unreachable(self.bootstrap, exc) from exc
-            self._consumer = consumer
+            self._consumer = await started(consumer, self.bootstrap)
         return self._consumer
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:

@@ -69,6 +69,7 @@ class PostgresStore(DatabaseStore):
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 10.0,
+        auto_migrate: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise ValueError("dsn must be a postgresql:// URL")
@@ -76,6 +77,7 @@ class PostgresStore(DatabaseStore):
         self.schema = pg.check_schema(schema)
         self._pool_options = {"min_size": min_size, "max_size": max_size}
         self._connect_timeout = connect_timeout
+        self.auto_migrate = auto_migrate
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening = asyncio.Lock()
@@ -134,7 +136,10 @@ class PostgresStore(DatabaseStore):
             ) from exc
         try:
             async with pool.acquire() as conn:
-                await pg.migrate(conn, self.schema)
+                if self.auto_migrate:
+                    await pg.migrate(conn, self.schema)
+                else:
+                    await pg.check_version(conn, self.schema)
         except BaseException as exc:
             await pool.close()
             if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError | OSError):
@@ -145,6 +150,15 @@ class PostgresStore(DatabaseStore):
                 ) from exc
             raise
         return pool
+
+    async def setup(self) -> None:
+        """Create or migrate the schema now, whatever ``auto_migrate`` says: for deploys
+        that migrate ahead of the processes, which then run with it off."""
+        auto, self.auto_migrate = self.auto_migrate, True
+        try:
+            await self._ready()  # connecting migrates (an open pool found it current)
+        finally:
+            self.auto_migrate = auto
 
     def _where(self) -> str:
         return f"{_redact(self.dsn)} (schema {self.schema})"
@@ -180,7 +194,7 @@ class PostgresStore(DatabaseStore):
 
     # -- reads -------------------------------------------------------------------------------
 
-    queries: ClassVar[Any] = pg
+    queries: ClassVar[Any] = pg.reads
 
     async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
         return await self._call(query, scope.user_id, scope.session_id, *args)
@@ -247,6 +261,7 @@ class PostgresRuntime(Runtime):
             min_size=min_size,
             max_size=max_size,
             connect_timeout=resolved.connect_timeout,
+            auto_migrate=resolved.auto_migrate,
         )
         super().__init__(
             self._pg_store,
@@ -257,32 +272,3 @@ class PostgresRuntime(Runtime):
     @property
     def store(self) -> PostgresStore:
         return self._pg_store
-
-    @classmethod
-    async def connect(
-        cls,
-        dsn: str | None = None,
-        *,
-        max_checkpoints_per_session: int = 20,
-        schema: str | None = None,
-        serializer: Serializer = "json",
-        min_size: int = 1,
-        max_size: int = 10,
-        settings: Settings | None = None,
-    ) -> PostgresRuntime:
-        """A runtime already connected, with its schema created and migrated."""
-        runtime = cls(
-            dsn,
-            max_checkpoints_per_session=max_checkpoints_per_session,
-            schema=schema,
-            serializer=serializer,
-            min_size=min_size,
-            max_size=max_size,
-            settings=settings,
-        )
-        try:
-            await runtime.store.open()
-        except BaseException:
-            await runtime.close()
-            raise
-        return runtime

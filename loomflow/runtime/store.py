@@ -129,6 +129,15 @@ class EventStore(Resource, ABC):
             return True
         raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
 
+    async def setup(self) -> None:
+        """Create or migrate what the store needs (tables, topics) now.
+
+        Stores do this on first use unless told not to (``LOOMFLOW_AUTO_MIGRATE=false``);
+        a deploy that migrates ahead runs this (or ``loomflow setup``) once. The embedded
+        stores always migrate their file when they open it.
+        """
+        await self.open()
+
     async def confirm(self, scope: Scope) -> None:
         """Return once the read model holds every event this store appended to ``scope``.
 

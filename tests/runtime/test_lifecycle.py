@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from loomflow import Agent
+from loomflow import Agent, new_id
 from loomflow.errors import (
     LoomflowError,
     ProjectionTimeoutError,
@@ -82,3 +82,30 @@ async def test_an_agent_closes_what_it_made_and_only_that() -> None:
     await made.aclose()
     assert client.is_closed()
     await made.aclose()  # twice is harmless
+
+
+@pytest.mark.postgres
+async def test_with_automatic_migration_off_a_runtime_waits_for_setup() -> None:
+    import asyncpg
+
+    from loomflow.errors import StoreError
+    from loomflow.settings import Settings
+
+    schema = f"setup_{new_id('t').split('_')[-1].lower()}"
+    settings = Settings(postgres_dsn=postgres_dsn(), db_schema=schema, auto_migrate=False)
+    try:
+        with pytest.raises(StoreError, match="loomflow setup") as caught:
+            async with PostgresRuntime(settings=settings):
+                pass
+        assert "version 0" in str(caught.value)
+        runtime = PostgresRuntime(settings=settings)
+        await runtime.setup()  # what a deploy runs ahead, once
+        await runtime.close()
+        async with PostgresRuntime(settings=settings) as runtime:  # now it only checks
+            agent = Agent("Answer.", model=ScriptedModel(["done"]), runtime=runtime)
+            result = await agent.run("go", session_id="s1")
+            assert result.output == "done"
+    finally:
+        conn = await asyncpg.connect(postgres_dsn())
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()

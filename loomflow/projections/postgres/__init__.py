@@ -1,0 +1,93 @@
+"""The PostgreSQL dialect of the log and read model, one module per concern.
+
+Functions here are coroutines taking an asyncpg connection (and the schema) and run
+inside the caller's transaction; the PostgreSQL store and the Kafka projector both call
+them. ``schema``: tables, migrations, the schema's name; ``tables``: how rows map to
+columns; ``writes``: folding batches of events into the log and read model, prune;
+``reads``: queries; ``consumers``: what the log's consumers keep (positions, dead
+letters, heartbeats, notifications).
+"""
+
+from __future__ import annotations
+
+from loomflow.projections.postgres.consumers import (
+    DeadLetterRow,
+    ProcessorRow,
+    add_dead_letters,
+    find_refusal,
+    forget_processor,
+    list_processors,
+    load_positions,
+    notify_sessions,
+    positions_channel,
+    preview,
+    printable,
+    report_processor,
+    save_position,
+    save_positions,
+    schemas_with_processors,
+    sessions_channel,
+)
+from loomflow.projections.postgres.reads import (
+    get_checkpoint,
+    get_step,
+    latest_snapshots,
+    list_checkpoints,
+    load_session,
+    match_sessions,
+    read_events,
+    read_transcript,
+)
+from loomflow.projections.postgres.schema import (
+    SCHEMA_VERSION,
+    check_schema,
+    check_version,
+    migrate,
+    schema_version,
+    store_error,
+)
+from loomflow.projections.postgres.writes import (
+    apply,
+    apply_events,
+    commit_round,
+    prune,
+    save_sessions,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "DeadLetterRow",
+    "ProcessorRow",
+    "add_dead_letters",
+    "apply",
+    "apply_events",
+    "check_schema",
+    "check_version",
+    "commit_round",
+    "find_refusal",
+    "forget_processor",
+    "get_checkpoint",
+    "get_step",
+    "latest_snapshots",
+    "list_checkpoints",
+    "list_processors",
+    "load_positions",
+    "load_session",
+    "match_sessions",
+    "migrate",
+    "notify_sessions",
+    "positions_channel",
+    "preview",
+    "printable",
+    "prune",
+    "read_events",
+    "read_transcript",
+    "report_processor",
+    "save_position",
+    "save_positions",
+    "save_sessions",
+    "schema_version",
+    "schemas_with_processors",
+    "sessions_channel",
+    "store_error",
+]

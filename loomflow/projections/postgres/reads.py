@@ -1,0 +1,240 @@
+"""Queries of the PostgreSQL read model: sessions, checkpoints, journal steps, transcripts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from loomflow.errors import (
+    CorruptRecordError,
+)
+from loomflow.projections.fold import (
+    TRANSCRIPT_TYPES,
+    CheckpointRow,
+    PruneFilter,
+    SessionRow,
+    StepRow,
+)
+from loomflow.projections.postgres.schema import quoted
+from loomflow.projections.postgres.tables import (
+    SESSION_COLUMNS,
+    matching,
+    uid,
+)
+from loomflow.projections.rows import (
+    checkpoint_from_row,
+    decoded_events,
+    event_from_row,
+    session_from_row,
+)
+from loomflow.projections.transcript import decode_transcript
+from loomflow.schemas import Event, Message
+
+__all__ = [
+    "get_checkpoint",
+    "get_step",
+    "latest_snapshots",
+    "list_checkpoints",
+    "load_session",
+    "match_sessions",
+    "read_events",
+    "read_transcript",
+    "transcript_payloads",
+]
+
+
+logger = logging.getLogger("loomflow.projections.postgres")
+
+
+async def load_session(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str
+) -> SessionRow | None:
+    """The session's row, or None when it has no events."""
+    row = await conn.fetchrow(
+        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
+        "WHERE user_id = $1 AND session_id = $2",
+        uid(user_id),
+        session_id,
+    )
+    return None if row is None else session_from_row(row)
+
+
+async def match_sessions(
+    conn: asyncpg.Connection, schema: str, match: PruneFilter
+) -> list[SessionRow]:
+    """Rows of the live (not erased) sessions that ``match`` selects."""
+    args: list[Any] = []
+    where = [matching(match, args), "status <> 'erased'"]
+    rows = await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)} "
+        "ORDER BY user_id, session_id",
+        *args,
+    )
+    return [session_from_row(row) for row in rows]
+
+
+# -- queries -------------------------------------------------------------------------
+
+_CHECKPOINT_NAMES = (
+    "checkpoint_id",
+    "seq",
+    "base_seq",
+    "turn",
+    "message_count",
+    "usage::text",
+    "cursor",
+    "created_at",
+)
+_CHECKPOINT_COLUMNS = ", ".join(_CHECKPOINT_NAMES)
+
+
+async def get_checkpoint(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    session_id: str,
+    checkpoint_id: str | None,
+) -> CheckpointRow | None:
+    """The named checkpoint (the newest when id is None), or None."""
+    s = quoted(schema)
+    if checkpoint_id is None:
+        row = await conn.fetchrow(
+            f"SELECT {_CHECKPOINT_COLUMNS} FROM {s}.checkpoints WHERE user_id = $1 "
+            "AND session_id = $2 ORDER BY seq DESC LIMIT 1",
+            uid(user_id),
+            session_id,
+        )
+    else:
+        row = await conn.fetchrow(
+            f"SELECT {_CHECKPOINT_COLUMNS} FROM {s}.checkpoints WHERE user_id = $1 "
+            "AND session_id = $2 AND checkpoint_id = $3",
+            uid(user_id),
+            session_id,
+            checkpoint_id,
+        )
+    return None if row is None else checkpoint_from_row(row)
+
+
+async def list_checkpoints(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, limit: int
+) -> list[CheckpointRow]:
+    """Up to ``limit`` checkpoints, newest first (metadata only: no transcript is read)."""
+    rows = await conn.fetch(
+        f"SELECT {_CHECKPOINT_COLUMNS} FROM {quoted(schema)}.checkpoints WHERE user_id = $1 "
+        "AND session_id = $2 ORDER BY seq DESC LIMIT $3",
+        uid(user_id),
+        session_id,
+        limit,
+    )
+    return [checkpoint_from_row(r) for r in rows]
+
+
+async def get_step(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, step_key: str
+) -> StepRow | None:
+    """The journal entry recorded under ``step_key``, or None."""
+    row = await conn.fetchrow(
+        f"SELECT input_hash, seq, value::text, serializer, at FROM {quoted(schema)}.steps "
+        "WHERE user_id = $1 AND session_id = $2 AND step_key = $3",
+        uid(user_id),
+        session_id,
+        step_key,
+    )
+    if row is None:
+        return None
+    try:
+        return StepRow(step_key, row[0], row[1], orjson.loads(row[2]), row[3], row[4])
+    except orjson.JSONDecodeError as exc:
+        raise CorruptRecordError(f"journal step {step_key!r} does not decode: {exc}") from exc
+
+
+def _decode_event_row(row: Any) -> Event:
+    *fields, payload = row
+    return event_from_row(fields, payload, f"log row of session {fields[1]!r}, seq {fields[2]}")
+
+
+async def read_events(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, lo: int, hi: int
+) -> list[Event]:
+    """The session's events with lo <= seq <= hi; a row that does not decode is skipped
+    with a warning, so one bad row never stops a reader of the log."""
+    rows = await conn.fetch(
+        f"SELECT user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload::text "
+        f"FROM {quoted(schema)}.events WHERE user_id = $1 AND session_id = $2 "
+        "AND seq >= $3 AND seq <= $4 ORDER BY seq",
+        uid(user_id),
+        session_id,
+        lo,
+        hi,
+    )
+    return decoded_events(rows, _decode_event_row)
+
+
+async def transcript_payloads(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, lo: int, hi: int
+) -> list[tuple[int, str]]:
+    """(seq, payload JSON) of the transcript events with lo <= seq <= hi, in seq order."""
+    rows = await conn.fetch(
+        f"SELECT seq, payload::text FROM {quoted(schema)}.events WHERE user_id = $1 "
+        "AND session_id = $2 AND seq >= $3 AND seq <= $4 AND type = ANY($5::text[]) "
+        "ORDER BY seq",
+        uid(user_id),
+        session_id,
+        lo,
+        hi,
+        TRANSCRIPT_TYPES,
+    )
+    return [(row[0], row[1]) for row in rows]
+
+
+async def latest_snapshots(
+    conn: asyncpg.Connection, schema: str, wanted: Sequence[tuple[str | None, str, str]]
+) -> list[tuple[str | None, str, CheckpointRow, list[str]]]:
+    """For each (user, session, checkpoint id) that still exists: the checkpoint row and
+    the payload JSON of its transcript events in seq order. Two statements for them all.
+    """
+    if not wanted:
+        return []
+    s = quoted(schema)
+    rows = await conn.fetch(
+        f"SELECT c.user_id, c.session_id, {', '.join('c.' + n for n in _CHECKPOINT_NAMES)} "
+        f"FROM {s}.checkpoints c JOIN unnest($1::text[], $2::text[], $3::text[]) AS w(u, s, id) "
+        "ON c.user_id = w.u AND c.session_id = w.s AND c.checkpoint_id = w.id",
+        [uid(w[0]) for w in wanted],
+        [w[1] for w in wanted],
+        [w[2] for w in wanted],
+    )
+    found = {(r[0], r[1]): checkpoint_from_row(r[2:]) for r in rows}
+    if not found:
+        return []
+    keys = sorted(found)
+    parts = await conn.fetch(
+        f"SELECT e.user_id, e.session_id, e.payload::text FROM {s}.events e "
+        "JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(u, s, lo, hi) "
+        "ON e.user_id = w.u AND e.session_id = w.s AND e.seq >= w.lo AND e.seq <= w.hi "
+        "WHERE e.type = ANY($5::text[]) ORDER BY e.user_id, e.session_id, e.seq",
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+        [found[k].base_seq for k in keys],
+        [found[k].seq for k in keys],
+        TRANSCRIPT_TYPES,
+    )
+    payloads: dict[tuple[str, str], list[str]] = {k: [] for k in keys}
+    for part in parts:
+        payloads[(part[0], part[1])].append(part[2])
+    return [(k[0] or None, k[1], found[k], payloads[k]) for k in keys]
+
+
+async def read_transcript(
+    conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str, lo: int, hi: int
+) -> list[Message]:
+    """Messages of the transcript events with lo <= seq <= hi, validated in one pass.
+
+    ``lo`` must be the transcript's base seq, so concatenation is the whole fold.
+    """
+    rows = await transcript_payloads(conn, schema, user_id, session_id, lo, hi)
+    return decode_transcript(session_id, rows)

@@ -1,0 +1,240 @@
+"""The PostgreSQL schema of the log and read model: its tables, migrations and name.
+
+Every table lives in one PostgreSQL schema (``loomflow`` unless configured), so nothing
+collides with other tools' tables in ``public``.
+
+Event payloads and journal values are ``json``, not ``jsonb``: ``json`` keeps the text the
+writer produced byte for byte (key order, e.g. of tool-call arguments, so a resumed
+transcript is the same prompt prefix) and accepts ``\\u0000``, which ``jsonb`` refuses.
+Usage is ``jsonb``: it is read-model data that queries aggregate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from functools import lru_cache
+
+import asyncpg
+
+from loomflow.errors import (
+    StoreError,
+    StoreUnavailableError,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "check_schema",
+    "check_version",
+    "migrate",
+    "quoted",
+    "schema_version",
+    "store_error",
+]
+
+
+logger = logging.getLogger("loomflow.projections.postgres")
+
+logger = logging.getLogger("loomflow.projections.postgres")
+
+SCHEMA_VERSION = 2
+
+# Lower case only, so the quoted name is the name a user types unquoted in psql; 48
+# characters leave room for the positions channel name within PostgreSQL's 63.
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+_MIGRATIONS: dict[int, str] = {
+    1: """
+    CREATE TABLE {s}.events (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        seq bigint NOT NULL,
+        type text NOT NULL,
+        event_id text NOT NULL,
+        run_id text NOT NULL,
+        epoch bigint NOT NULL,
+        v integer NOT NULL,
+        at timestamptz NOT NULL,
+        payload json NOT NULL,
+        PRIMARY KEY (user_id, session_id, seq)
+    );
+    CREATE TABLE {s}.sessions (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        status text NOT NULL,
+        last_seq bigint NOT NULL,
+        epoch bigint NOT NULL,
+        turns integer NOT NULL,
+        usage jsonb NOT NULL,
+        message_count integer NOT NULL,
+        base_seq bigint NOT NULL,
+        parent_session_id text,
+        parent_checkpoint_id text,
+        last_run_id text,
+        created_at timestamptz NOT NULL,
+        updated_at timestamptz NOT NULL,
+        PRIMARY KEY (user_id, session_id)
+    );
+    CREATE INDEX sessions_updated ON {s}.sessions (updated_at);
+    CREATE TABLE {s}.checkpoints (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        checkpoint_id text NOT NULL,
+        seq bigint NOT NULL,
+        base_seq bigint NOT NULL,
+        turn integer NOT NULL,
+        message_count integer NOT NULL,
+        usage jsonb NOT NULL,
+        cursor text,
+        created_at timestamptz NOT NULL,
+        PRIMARY KEY (user_id, session_id, checkpoint_id)
+    );
+    CREATE UNIQUE INDEX checkpoints_newest ON {s}.checkpoints (user_id, session_id, seq DESC);
+    CREATE TABLE {s}.steps (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        step_key text NOT NULL,
+        input_hash text NOT NULL,
+        seq bigint NOT NULL,
+        value json NOT NULL,
+        serializer text NOT NULL,
+        at timestamptz NOT NULL,
+        PRIMARY KEY (user_id, session_id, step_key)
+    );
+    CREATE TABLE {s}.positions (
+        consumer text NOT NULL,
+        topic text NOT NULL,
+        partition integer NOT NULL,
+        next_offset bigint NOT NULL,
+        PRIMARY KEY (consumer, topic, partition)
+    );
+    CREATE TABLE {s}.dead_letters (
+        id bigserial PRIMARY KEY,
+        at timestamptz NOT NULL DEFAULT now(),
+        source text NOT NULL,
+        reason text NOT NULL,
+        raw text,
+        event_id text,
+        error_type text
+    );
+    CREATE INDEX dead_letters_event ON {s}.dead_letters (event_id) WHERE event_id IS NOT NULL;
+    """,
+    # the record as it was (any bytes, NUL included) beside a readable text preview; the
+    # processors that project into the schema, so a runtime can say which one it waits for
+    2: """
+    ALTER TABLE {s}.dead_letters ADD COLUMN record bytea, ADD COLUMN record_key bytea,
+        ADD COLUMN null_value boolean NOT NULL DEFAULT false;
+    DELETE FROM {s}.dead_letters a USING {s}.dead_letters b
+        WHERE a.source = b.source AND a.id > b.id;
+    CREATE UNIQUE INDEX dead_letters_source ON {s}.dead_letters (source);
+    CREATE TABLE {s}.processors (
+        consumer text NOT NULL,
+        topic text NOT NULL,
+        worker text NOT NULL,
+        partitions integer[] NOT NULL,
+        started_at timestamptz NOT NULL DEFAULT now(),
+        seen_at timestamptz NOT NULL DEFAULT now(),
+        PRIMARY KEY (consumer, topic, worker)
+    );
+    """,
+}
+
+
+#: what says the server is away (or going), not that the request was wrong
+_UNAVAILABLE = (
+    OSError,
+    TimeoutError,
+    asyncpg.InterfaceError,  # among them: the connection was closed under us
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.OperatorInterventionError,  # e.g. the server is shutting down
+    asyncpg.InsufficientResourcesError,
+)
+
+
+def store_error(message: str, exc: BaseException) -> StoreError:
+    """The StoreError for a driver's exception: retriable when PostgreSQL is away."""
+    if isinstance(exc, _UNAVAILABLE):
+        return StoreUnavailableError(message)
+    return StoreError(message)
+
+
+# -- schema and migrations ------------------------------------------------------------
+
+
+def check_schema(schema: str) -> str:
+    """Validate a schema name as a plain lower-case identifier; return it unchanged."""
+    if not isinstance(schema, str) or not _SCHEMA_NAME.fullmatch(schema):
+        raise ValueError(
+            f"invalid PostgreSQL schema name {schema!r}: use 1-48 characters from a-z, 0-9 "
+            "and _, not starting with a digit"
+        )
+    if schema.startswith("pg_"):
+        raise ValueError(f"schema name {schema!r} is reserved: PostgreSQL owns pg_* schemas")
+    return schema
+
+
+@lru_cache(maxsize=64)
+def quoted(schema: str) -> str:
+    return '"' + check_schema(schema) + '"'
+
+
+def _lock_key(schema: str) -> int:
+    # a stable 64-bit key per schema: migrations of different schemas never wait on each other
+    digest = hashlib.sha256(f"loomflow.migrate:{schema}".encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+async def schema_version(conn: asyncpg.Connection, schema: str) -> int:
+    """The version the schema was migrated to; 0 when it does not exist yet."""
+    table = await conn.fetchval("SELECT to_regclass($1)", f"{quoted(schema)}.schema_migrations")
+    if table is None:
+        return 0
+    return int(
+        await conn.fetchval(
+            f"SELECT coalesce(max(version), 0) FROM {quoted(schema)}.schema_migrations"
+        )
+    )
+
+
+async def check_version(conn: asyncpg.Connection, schema: str) -> None:
+    """Refuse a schema that is not at SCHEMA_VERSION, saying how to migrate it (for stores
+    that do not migrate on their own: ``auto_migrate`` off)."""
+    current = await schema_version(conn, schema)
+    if current != SCHEMA_VERSION:
+        raise StoreError(
+            f"PostgreSQL schema {schema!r} is at version {current}, and this loomflow needs "
+            f"version {SCHEMA_VERSION}; automatic migration is off (LOOMFLOW_AUTO_MIGRATE): "
+            "run `loomflow setup` or `await runtime.setup()` first"
+        )
+
+
+async def migrate(conn: asyncpg.Connection, schema: str = "loomflow") -> None:
+    """Create the schema if needed and bring it to SCHEMA_VERSION, in one transaction.
+
+    Safe when several processes start at once: the transaction holds an advisory lock of
+    the schema, so the second waits and then finds nothing left to do. Needs the default
+    READ COMMITTED isolation, so that the waiter sees what the first one committed.
+    """
+    s = quoted(schema)
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _lock_key(schema))
+        if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):
+            await conn.execute(f"CREATE SCHEMA {s}")
+        await conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations ("
+            "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
+        current = int(
+            await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {s}.schema_migrations")
+        )
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"PostgreSQL schema {schema!r} is at version {current}, newer than version "
+                f"{SCHEMA_VERSION} that this loomflow knows: upgrade loomflow to use it"
+            )
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            await conn.execute(_MIGRATIONS[version].format(s=s))
+            await conn.execute(f"INSERT INTO {s}.schema_migrations (version) VALUES ($1)", version)
+            logger.info("migrated PostgreSQL schema %r to version %d", schema, version)

@@ -1,0 +1,408 @@
+"""Writes to the PostgreSQL log and read model: a batch of events folded and applied in a
+few statements whatever its size, and prune."""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import asyncpg
+import orjson
+
+from loomflow.errors import (
+    InvalidEventError,
+    LoomflowError,
+    SequenceConflictError,
+)
+from loomflow.projections.fold import (
+    AddTranscript,
+    DeleteCheckpoints,
+    EraseSession,
+    Mutation,
+    PruneFilter,
+    PutCheckpoint,
+    PutStep,
+    RetainCheckpoints,
+    SessionKey,
+    SessionRow,
+    maybe_redelivered,
+    project,
+)
+from loomflow.projections.postgres.schema import quoted
+from loomflow.projections.postgres.tables import (
+    LOG_COLUMNS,
+    SESSION_COLUMNS,
+    SESSION_KEY,
+    SESSION_ROW_COLUMNS,
+    Columns,
+    arrays,
+    by_scope,
+    insert_sql,
+    matching,
+    payload_json,
+    uid,
+)
+from loomflow.projections.rows import session_from_row
+from loomflow.schemas import Event
+
+__all__ = [
+    "apply",
+    "apply_events",
+    "commit_round",
+    "prune",
+    "save_sessions",
+]
+
+
+#: batches of at least this many events write their log rows by COPY
+_COPY_FROM = 64
+
+
+async def _lock_sessions(
+    conn: asyncpg.Connection, schema: str, keys: list[tuple[str, str]]
+) -> dict[SessionKey, SessionRow]:
+    # locked in key order: two batches touching the same sessions cannot deadlock
+    rows = await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
+        "WHERE (user_id, session_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) "
+        "ORDER BY user_id, session_id FOR UPDATE",
+        [k[0] for k in keys],
+        [k[1] for k in keys],
+    )
+    loaded = (session_from_row(row) for row in rows)
+    return {(r.user_id, r.session_id): r for r in loaded}
+
+
+async def save_sessions(conn: asyncpg.Connection, schema: str, rows: Iterable[SessionRow]) -> None:
+    """Insert or replace session rows, in one statement."""
+    ordered = sorted(rows, key=by_scope)
+    if ordered:
+        sql = insert_sql(f"{quoted(schema)}.sessions", SESSION_ROW_COLUMNS, key=SESSION_KEY)
+        await conn.execute(sql, *arrays(SESSION_ROW_COLUMNS, ordered))
+
+
+async def _write(
+    conn: asyncpg.Connection,
+    schema: str,
+    events: list[Event],
+    sessions: list[SessionRow],
+    payloads: Mapping[int, str],
+) -> None:
+    """Append log rows and save session rows.
+
+    A few rows go in one statement (one round trip). A projector's batch of thousands
+    goes by binary COPY, which costs PostgreSQL and asyncpg a fraction of array
+    parameters (asyncpg checks every array element's type), then one upsert of the
+    session rows.
+    """
+    if not events:
+        return  # every event was a redelivery: nothing changed
+    s = quoted(schema)
+    events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
+    save_sessions = sorted(sessions, key=by_scope)
+    try:
+        if len(events) >= _COPY_FROM:
+            await conn.copy_records_to_table(
+                "events",
+                schema_name=schema,
+                columns=[name for name, _, _ in LOG_COLUMNS],
+                records=[
+                    (
+                        uid(e.user_id),
+                        e.session_id,
+                        e.seq,
+                        e.type,
+                        e.event_id,
+                        e.run_id,
+                        e.epoch,
+                        e.v,
+                        e.at,
+                        payloads.get(id(e)) or payload_json(e),
+                    )
+                    for e in events
+                ],
+            )
+            sql = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, key=SESSION_KEY)
+            await conn.execute(sql, *arrays(SESSION_ROW_COLUMNS, save_sessions))
+            return
+        log = insert_sql(f"{s}.events", LOG_COLUMNS)
+        save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, len(LOG_COLUMNS) + 1, SESSION_KEY)
+        await conn.execute(
+            f"WITH log AS ({log}) {save}",
+            *arrays(LOG_COLUMNS[:-1], events),
+            [payloads.get(id(e)) or payload_json(e) for e in events],
+            *arrays(SESSION_ROW_COLUMNS, save_sessions),
+        )
+    except asyncpg.UniqueViolationError as exc:
+        # a concurrent writer committed the same seq of a session that had no row to lock
+        raise SequenceConflictError(
+            f"another writer appended first: {exc.detail or exc}; read the session again"
+        ) from exc
+
+
+async def _stored_event_ids(
+    conn: asyncpg.Connection, schema: str, wanted: list[tuple[str | None, str, int]]
+) -> dict[tuple[str | None, str, int], str]:
+    if not wanted:
+        return {}
+    rows = await conn.fetch(
+        f"SELECT user_id, session_id, seq, event_id FROM {quoted(schema)}.events "
+        "WHERE (user_id, session_id, seq) IN "
+        "(SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))",
+        [uid(w[0]) for w in wanted],
+        [w[1] for w in wanted],
+        [w[2] for w in wanted],
+    )
+    return {(r[0] or None, r[1], r[2]): r[3] for r in rows}
+
+
+async def apply_events(
+    conn: asyncpg.Connection,
+    schema: str,
+    events: Sequence[Event],
+    payloads: Mapping[int, str] | None = None,
+) -> None:
+    """Fold events into the read model and append them to the log, in the caller's transaction.
+
+    ``payloads`` maps ``id(event)`` to the payload JSON as the record carried it: a
+    consumer that decoded the record keeps its text instead of serialising it again.
+
+    Each session touched is locked first, so concurrent writers of one session serialise.
+    Re-appending an event already stored at its seq (same event id) is a no-op; anything
+    else the fold refuses raises an InvalidEventError subclass, and the caller rolls back
+    (the whole batch: apply a refused batch again event by event, each in a savepoint, to
+    keep the others). A batch may span sessions and costs a few statements whatever its
+    size: the log rows, the session rows and each kind of read-model change are written
+    in one statement each.
+    """
+    keys = sorted({(uid(e.user_id), e.session_id) for e in events})
+    if not keys:
+        return
+    rows = await _lock_sessions(conn, schema, keys)
+    stored = await _stored_event_ids(conn, schema, maybe_redelivered(rows, events))
+    changed, changes = project(rows, events, stored)
+    written: list[Event] = []
+    pending: dict[SessionKey, list[Mutation]] = {}
+    for change in changes:
+        key = (change.event.user_id, change.event.session_id)
+        queue = pending.setdefault(key, [])
+        for mutation in change.mutations:
+            if isinstance(mutation, EraseSession):  # all of the session goes, written or not
+                written = [e for e in written if (e.user_id, e.session_id) != key]
+                queue.clear()
+            if not isinstance(mutation, AddTranscript):  # the log row is the transcript
+                queue.append(mutation)
+        written.append(change.event)
+    await _apply_in_waves(conn, schema, pending)
+    await _write(conn, schema, written, list(changed.values()), payloads or {})
+
+
+async def commit_round(
+    conn: asyncpg.Connection, schema: str, appends: list[list[Event]]
+) -> list[LoomflowError | None]:
+    """Commit a round of appends in one transaction; return each append's outcome."""
+    try:
+        async with conn.transaction():
+            await apply_events(conn, schema, [e for events in appends for e in events])
+        return [None] * len(appends)
+    except LoomflowError as exc:
+        if len(appends) == 1:
+            return [exc]
+    # one of them was refused: again, each in its own savepoint, so that it fails alone
+    outcomes: list[LoomflowError | None] = []
+    async with conn.transaction():
+        for events in appends:
+            try:
+                async with conn.transaction():
+                    await apply_events(conn, schema, events)
+            except LoomflowError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+    return outcomes
+
+
+# -- mutations -----------------------------------------------------------------------
+
+_Wave = list[tuple[tuple[str, str], Mutation]]
+
+
+async def apply(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    session_id: str,
+    mutation: Mutation,
+) -> None:
+    """Apply one fold mutation inside the caller's transaction."""
+    await _apply_wave(conn, schema, [((uid(user_id), session_id), mutation)])
+
+
+async def _apply_in_waves(
+    conn: asyncpg.Connection, schema: str, pending: dict[SessionKey, list[Mutation]]
+) -> None:
+    # Mutations of different sessions commute; only each session's own order matters. So
+    # a wave takes the next mutations of every session whose next one is of the same kind,
+    # and applies them in one statement: a batch of a thousand sessions that each wrote a
+    # checkpoint costs two statements (insert, retention), not two thousand. A session's
+    # run of new checkpoints goes in one wave, and its retentions with the same ``keep``
+    # collapse into the last one: keeping the newest k after each insert leaves what
+    # keeping them once after the last insert does.
+    queues = {
+        (uid(user), sid): deque(_collapse(queue))
+        for (user, sid), queue in sorted(pending.items(), key=lambda item: _by_key(item[0]))
+        if queue
+    }
+    while queues:
+        kind = Counter(type(q[0]) for q in queues.values()).most_common(1)[0][0]
+        wave: _Wave = []
+        for key, q in queues.items():
+            if type(q[0]) is not kind:
+                continue
+            wave.append((key, q.popleft()))
+            while kind is PutCheckpoint and q and type(q[0]) is kind:
+                wave.append((key, q.popleft()))  # distinct rows: one insert takes them all
+        await _apply_wave(conn, schema, wave)
+        queues = {key: q for key, q in queues.items() if q}
+
+
+def _by_key(key: SessionKey) -> tuple[str, str]:
+    return uid(key[0]), key[1]
+
+
+def _collapse(queue: list[Mutation]) -> list[Mutation]:
+    """A session's mutations with every retention that a later equal one (with only new
+    checkpoints between) makes redundant taken out."""
+    out: list[Mutation] = []
+    last_retain: int | None = None  # index in out of the retention still open to collapse
+    for mutation in queue:
+        if isinstance(mutation, RetainCheckpoints):
+            previous = out[last_retain] if last_retain is not None else None
+            if isinstance(previous, RetainCheckpoints) and previous.keep == mutation.keep:
+                del out[last_retain]  # type: ignore[arg-type]
+            out.append(mutation)
+            last_retain = len(out) - 1
+        elif isinstance(mutation, PutCheckpoint):
+            out.append(mutation)
+        else:
+            out.append(mutation)
+            last_retain = None
+    return out
+
+
+#: rows of a wave are ((user id, session id), mutation)
+_CHECKPOINT_ROW_COLUMNS: Columns = (
+    ("user_id", "text", lambda w: w[0][0]),
+    ("session_id", "text", lambda w: w[0][1]),
+    ("checkpoint_id", "text", lambda w: w[1].row.checkpoint_id),
+    ("seq", "bigint", lambda w: w[1].row.seq),
+    ("base_seq", "bigint", lambda w: w[1].row.base_seq),
+    ("turn", "int", lambda w: w[1].row.turn),
+    ("message_count", "int", lambda w: w[1].row.message_count),
+    ("usage", "jsonb", lambda w: w[1].row.cumulative_usage.model_dump_json()),
+    ("cursor", "text", lambda w: w[1].row.cursor),
+    ("created_at", "timestamptz", lambda w: w[1].row.created_at),
+)
+_STEP_ROW_COLUMNS: Columns = (
+    ("user_id", "text", lambda w: w[0][0]),
+    ("session_id", "text", lambda w: w[0][1]),
+    ("step_key", "text", lambda w: w[1].row.step_key),
+    ("input_hash", "text", lambda w: w[1].row.input_hash),
+    ("seq", "bigint", lambda w: w[1].row.seq),
+    ("value", "json", lambda w: orjson.dumps(w[1].row.value).decode()),
+    ("serializer", "text", lambda w: w[1].row.serializer),
+    ("at", "timestamptz", lambda w: w[1].row.at),
+)
+
+
+async def _apply_wave(conn: asyncpg.Connection, schema: str, wave: _Wave) -> None:
+    """Apply mutations of one kind, at most one per session, in one statement."""
+    s = quoted(schema)
+    users = [key[0] for key, _ in wave]
+    sessions = [key[1] for key, _ in wave]
+    match wave[0][1]:
+        case PutCheckpoint():
+            try:
+                await conn.execute(
+                    insert_sql(f"{s}.checkpoints", _CHECKPOINT_ROW_COLUMNS),
+                    *arrays(_CHECKPOINT_ROW_COLUMNS, wave),
+                )
+            except asyncpg.UniqueViolationError as exc:
+                # refused as an event, so a projector dead-letters it instead of stopping
+                raise InvalidEventError(
+                    f"a checkpoint id that the session already has: {exc.detail or exc}"
+                ) from exc
+        case RetainCheckpoints():
+            # the cut (the newest seq that goes) is found once per session, from the index;
+            # sessions that hold no more than they keep delete nothing and scan nothing
+            await conn.execute(
+                f"DELETE FROM {s}.checkpoints c USING (SELECT r.u, r.s, (SELECT o.seq FROM "
+                f"{s}.checkpoints o WHERE o.user_id = r.u AND o.session_id = r.s ORDER BY "
+                "o.seq DESC OFFSET r.keep LIMIT 1) AS cut FROM unnest($1::text[], $2::text[], "
+                "$3::bigint[]) AS r(u, s, keep)) AS x WHERE x.cut IS NOT NULL "
+                "AND c.user_id = x.u AND c.session_id = x.s AND c.seq <= x.cut",
+                users,
+                sessions,
+                [m.keep for _, m in wave if isinstance(m, RetainCheckpoints)],
+            )
+        case DeleteCheckpoints():
+            dropped = [
+                (key, cid)
+                for key, m in wave
+                if isinstance(m, DeleteCheckpoints)
+                for cid in m.checkpoint_ids
+            ]
+            await conn.execute(
+                f"DELETE FROM {s}.checkpoints c USING unnest($1::text[], $2::text[], "
+                "$3::text[]) AS d(u, s, id) WHERE c.user_id = d.u AND c.session_id = d.s "
+                "AND c.checkpoint_id = d.id",
+                [key[0] for key, _ in dropped],
+                [key[1] for key, _ in dropped],
+                [cid for _, cid in dropped],
+            )
+        case PutStep():
+            sql = insert_sql(
+                f"{s}.steps", _STEP_ROW_COLUMNS, key=("user_id", "session_id", "step_key")
+            )
+            await conn.execute(sql, *arrays(_STEP_ROW_COLUMNS, wave))
+        case EraseSession():
+            gone = "gone g WHERE t.user_id = g.u AND t.session_id = g.s"
+            await conn.execute(
+                "WITH gone AS (SELECT * FROM unnest($1::text[], $2::text[]) AS g(u, s)), "
+                f"e AS (DELETE FROM {s}.events t USING {gone}), "
+                f"c AS (DELETE FROM {s}.checkpoints t USING {gone}) "
+                f"DELETE FROM {s}.steps t USING {gone}",
+                users,
+                sessions,
+            )
+        case AddTranscript():
+            pass  # the log row of this event is the transcript row
+
+
+async def prune(
+    conn: asyncpg.Connection, schema: str, match: PruneFilter
+) -> tuple[int, int, int, int]:
+    """Delete what ``match`` selects, in one statement of the caller's transaction;
+    return the counts of (sessions, checkpoints, steps, events) deleted."""
+    s = quoted(schema)
+    args: list[Any] = [match.before]
+    where = [matching(match, args)]
+    joined = "t.user_id = m.user_id AND t.session_id = m.session_id"
+    row = await conn.fetchrow(
+        f"WITH matched AS (SELECT user_id, session_id, "
+        f"($1::timestamptz IS NULL OR updated_at < $1) AS whole FROM {s}.sessions "
+        f"WHERE {' AND '.join(where)} ORDER BY user_id, session_id FOR UPDATE), "
+        f"c AS (DELETE FROM {s}.checkpoints t USING matched m WHERE {joined} "
+        "AND (m.whole OR t.created_at < $1) RETURNING 1), "
+        f"st AS (DELETE FROM {s}.steps t USING matched m WHERE {joined} "
+        "AND (m.whole OR t.at < $1) RETURNING 1), "
+        f"e AS (DELETE FROM {s}.events t USING matched m WHERE {joined} "
+        "AND (m.whole OR (t.type = 'step.recorded' AND t.at < $1)) RETURNING 1), "
+        f"ss AS (DELETE FROM {s}.sessions t USING matched m WHERE {joined} AND m.whole "
+        "RETURNING 1) "
+        "SELECT (SELECT count(*) FROM ss), (SELECT count(*) FROM c), "
+        "(SELECT count(*) FROM st), (SELECT count(*) FROM e)",
+        *args,
+    )
+    return int(row[0]), int(row[1]), int(row[2]), int(row[3])

@@ -1,0 +1,131 @@
+"""Rows read back from either SQL dialect, decoded into the read model's types.
+
+Both dialects select the same columns in the same order; only timestamps differ (text in
+SQLite, ``timestamptz`` in PostgreSQL), and both store "no user" as ``''``. A row that
+does not decode raises CorruptRecordError naming what it is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import orjson
+
+from loomflow.errors import CorruptRecordError
+from loomflow.projections.fold import CheckpointRow, SessionRow
+from loomflow.schemas import Event, Usage
+from loomflow.schemas.codec import decode_event
+
+__all__ = [
+    "CHECKPOINT_FIELDS",
+    "EVENT_FIELDS",
+    "SESSION_FIELDS",
+    "checkpoint_from_row",
+    "decoded_events",
+    "event_from_row",
+    "session_from_row",
+]
+
+logger = logging.getLogger("loomflow.projections")
+
+R = TypeVar("R")
+
+#: the column order of each decoder's row
+SESSION_FIELDS = (
+    "user_id",
+    "session_id",
+    "status",
+    "last_seq",
+    "epoch",
+    "turns",
+    "usage",
+    "message_count",
+    "base_seq",
+    "parent_session_id",
+    "parent_checkpoint_id",
+    "last_run_id",
+    "created_at",
+    "updated_at",
+)
+CHECKPOINT_FIELDS = (
+    "checkpoint_id",
+    "seq",
+    "base_seq",
+    "turn",
+    "message_count",
+    "usage",
+    "cursor",
+    "created_at",
+)
+EVENT_FIELDS = ("user_id", "session_id", "seq", "type", "event_id", "run_id", "epoch", "v", "at")
+
+
+def _moment(value: datetime | str) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+def session_from_row(row: Sequence[Any]) -> SessionRow:
+    """A session row from the columns of SESSION_FIELDS."""
+    try:
+        return SessionRow(
+            user_id=row[0] or None,
+            session_id=row[1],
+            status=row[2],
+            last_seq=row[3],
+            epoch=row[4],
+            turns=row[5],
+            usage=Usage.model_validate_json(row[6]),
+            message_count=row[7],
+            base_seq=row[8],
+            parent_session_id=row[9],
+            parent_checkpoint_id=row[10],
+            last_run_id=row[11],
+            created_at=_moment(row[12]),
+            updated_at=_moment(row[13]),
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecordError(f"session row {row[1]!r} does not decode: {exc}") from exc
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRow:
+    """A checkpoint row from the columns of CHECKPOINT_FIELDS."""
+    try:
+        return CheckpointRow(
+            checkpoint_id=row[0],
+            seq=row[1],
+            base_seq=row[2],
+            turn=row[3],
+            message_count=row[4],
+            cumulative_usage=Usage.model_validate_json(row[5]),
+            cursor=row[6],
+            created_at=_moment(row[7]),
+        )
+    except (ValueError, TypeError) as exc:
+        raise CorruptRecordError(f"checkpoint row {row[0]!r} does not decode: {exc}") from exc
+
+
+def event_from_row(row: Sequence[Any], payload: str | bytes, where: str) -> Event:
+    """The event of one log row: the columns of EVENT_FIELDS and its payload JSON;
+    ``where`` names the row in the error when it does not decode."""
+    fields = dict(zip(EVENT_FIELDS, row, strict=True))
+    fields["user_id"] = fields["user_id"] or None
+    try:
+        fields["payload"] = orjson.loads(payload)
+        return decode_event(fields)
+    except (orjson.JSONDecodeError, ValueError) as exc:
+        raise CorruptRecordError(f"{where} does not decode: {exc}") from exc
+
+
+def decoded_events(rows: Iterable[R], decode: Callable[[R], Event]) -> list[Event]:
+    """The events of log rows; a row that does not decode is skipped with a warning, so
+    one bad row never stops a reader of the log."""
+    events: list[Event] = []
+    for row in rows:
+        try:
+            events.append(decode(row))
+        except CorruptRecordError as exc:
+            logger.warning("skipping a log row: %s", exc)
+    return events
