@@ -219,9 +219,12 @@ class PostgresStore(DatabaseStore):
             for other in await pg.schemas_with_processors(conn):
                 try:
                     pg.check_schema(other)
+                    rows = await pg.list_processors(conn, other)
                 except ValueError:
                     continue  # not a name loomflow would have created
-                found.extend((other, row) for row in await pg.list_processors(conn, other))
+                except asyncpg.UndefinedTableError:
+                    continue  # dropped since it was listed
+                found.extend((other, row) for row in rows)
             found.sort(key=lambda item: (item[0] != schema, item[1].seen_seconds_ago))
             return found
 
