@@ -8,6 +8,7 @@ never with ``-m`` from the repo root: that would put our source tree first on sy
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -30,6 +31,12 @@ from bench.workload import (  # noqa: E402
 
 PEER_STORES = ("lg-sqlite", "lf020-sqlite")
 _RETAIN = 20
+
+
+def _peer(module: str) -> Any:
+    """A module of loomflow 0.20.0, whose names are ours too: untyped, so that mypy does
+    not check the peer's API against this repository's package."""
+    return importlib.import_module(module)
 
 
 def _compact_json(value: Any) -> int:
@@ -105,7 +112,9 @@ class LangGraphSqlite(Adapter):
             "channel_versions": dict(handle.versions),
             "versions_seen": {"agent": dict(handle.versions)},
         }
-        checkpoint = create_checkpoint(state, None, k)  # type: ignore[arg-type]
+        # langgraph is installed in the peers venv only; where mypy sees it, state is
+        # a plain dict where it wants its Checkpoint TypedDict
+        checkpoint = create_checkpoint(state, None, k)  # type: ignore[arg-type, unused-ignore]
         meta = {"source": "loop", "step": k, "parents": {}}
         handle.config = await saver.aput(handle.config, checkpoint, meta, new_versions)
 
@@ -157,39 +166,39 @@ class Loomflow020Sqlite(Adapter):
     retain = _RETAIN
 
     def __init__(self, path: Path) -> None:
-        from loomflow.runtime import SqliteRuntime
-
         self.path = path
-        self.runtime = SqliteRuntime(path, max_checkpoints_per_session=_RETAIN)
+        self.runtime = _peer("loomflow.runtime").SqliteRuntime(
+            path, max_checkpoints_per_session=_RETAIN
+        )
         self.store = self.runtime.store
+        self.types = _peer("loomflow.core.types")
+        self.checkpoint = _peer("loomflow.runtime.journal").Checkpoint
         self.files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
 
     async def seed(self, index: int) -> _Session:
-        from loomflow.core.types import Message, Role, Usage
-
+        lf = self.types
         return _Session(
-            f"sess-{index}", [Message(role=Role.SYSTEM, content=SYSTEM_PROMPT)], Usage()
+            f"sess-{index}", [lf.Message(role=lf.Role.SYSTEM, content=SYSTEM_PROMPT)], lf.Usage()
         )
 
     def add(self, handle: _Session, k: int, content: PassContent) -> None:
-        from loomflow.core.types import Message, Role, ToolCall, Usage
-
-        call = ToolCall(id=content.call_id, tool=content.tool_name, args=content.tool_args)
+        lf = self.types
+        call = lf.ToolCall(id=content.call_id, tool=content.tool_name, args=content.tool_args)
         handle.messages += [
-            Message(role=Role.USER, content=content.user),
-            Message(role=Role.ASSISTANT, content=content.assistant, tool_calls=(call,)),
-            Message(role=Role.TOOL, content=content.tool_result, tool_call_id=content.call_id),
+            lf.Message(role=lf.Role.USER, content=content.user),
+            lf.Message(role=lf.Role.ASSISTANT, content=content.assistant, tool_calls=(call,)),
+            lf.Message(
+                role=lf.Role.TOOL, content=content.tool_result, tool_call_id=content.call_id
+            ),
         ]
-        handle.usage = Usage(
+        handle.usage = lf.Usage(
             input_tokens=handle.usage.input_tokens + content.input_tokens,
             output_tokens=handle.usage.output_tokens + content.output_tokens,
         )
 
     async def put(self, handle: _Session, k: int, new: None) -> None:
-        from loomflow.runtime.journal import Checkpoint
-
         await self.store.put_checkpoint(
-            Checkpoint(
+            self.checkpoint(
                 session_id=handle.session_id,
                 turn=k,
                 messages=list(handle.messages),

@@ -6,15 +6,20 @@ import asyncio
 import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import Any, Generic, cast, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from typing_extensions import ParamSpec, TypeVar
 
 from loomflow.models.base import ToolSpec
 
 __all__ = ["Tool", "as_tool"]
+
+# Defaults (typing_extensions until Python 3.13) keep a bare ``Tool`` valid: Tool[..., Any].
+P = ParamSpec("P", default=...)
+R = TypeVar("R", default=Any)
 
 _ARG_LINE = re.compile(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
 _SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?)\s*:\s*$")
@@ -53,12 +58,16 @@ def _strip_titles(schema: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Tool:
-    """A callable the model may invoke, with the schema the model sees."""
+class Tool(Generic[P, R]):
+    """A callable the model may invoke, with the schema the model sees.
+
+    ``Tool[P, R]`` wraps a plain or coroutine function taking ``P`` whose (awaited)
+    result is ``R``: what ``invoke`` returns.
+    """
 
     name: str
     description: str
-    fn: Callable[..., Any]
+    fn: Callable[P, Awaitable[R]] | Callable[P, R]
     arguments: type[BaseModel]
 
     @functools.cached_property
@@ -68,20 +77,32 @@ class Tool:
         schema.setdefault("properties", {})
         return ToolSpec(self.name, self.description, schema)
 
-    async def invoke(self, arguments: dict[str, Any]) -> Any:
+    async def invoke(self, arguments: dict[str, Any]) -> R:
         """Validate the model's arguments, then call the function (sync ones on a thread)."""
         parsed = self.arguments.model_validate(arguments)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
-        if inspect.iscoroutinefunction(self.fn):
-            return await self.fn(**kwargs)
-        result = await asyncio.to_thread(self.fn, **kwargs)
+        # the keywords match fn's signature (the schema was built from it), which mypy
+        # cannot see: call fn as a plain callable
+        fn: Callable[..., Any] = self.fn
+        if inspect.iscoroutinefunction(fn):
+            return cast(R, await fn(**kwargs))
+        result = await asyncio.to_thread(fn, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-        return result
+        return cast(R, result)
+
+
+@overload
+def as_tool(fn: Tool[P, R]) -> Tool[P, R]: ...
+@overload
+def as_tool(fn: Callable[P, Awaitable[R]]) -> Tool[P, R]: ...
+@overload
+def as_tool(fn: Callable[P, R]) -> Tool[P, R]: ...
 
 
 def as_tool(fn: Callable[..., Any] | Tool) -> Tool:
-    """Describe a function as a tool; its parameters must be keyword-compatible."""
+    """Describe a function as a tool (or decorate it as one); its parameters must be
+    keyword-compatible."""
     if isinstance(fn, Tool):
         return fn
     if not callable(fn):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar, cast, overload
 
 from loomflow.schemas import (
     StepRecorded,
@@ -22,6 +22,7 @@ __all__ = ["Journal", "Serializer", "current_journal"]
 
 Serializer = Literal["json", "pickle"]
 T = TypeVar("T")
+P = ParamSpec("P")
 
 _current_journal: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(
     "loomflow_journal", default=None
@@ -48,10 +49,26 @@ class Journal:
     def scoped(self, prefix: str) -> Journal:
         return Journal(self._writer, self._prefix + prefix)
 
+    # Two overloads, because ``Callable[..., T | Awaitable[T]]`` cannot be solved for a
+    # coroutine function: mypy refused ``await journal.step("k", async_fn, x)``. The async
+    # one comes first so that a coroutine function's T is its awaited result.
+    @overload
     async def step(
-        self, key: str, fn: Callable[..., T | Awaitable[T]], /, *args: Any, **kwargs: Any
+        self, key: str, fn: Callable[P, Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+
+    @overload
+    async def step(
+        self, key: str, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T: ...
+
+    async def step(
+        self, key: str, fn: Callable[P, T | Awaitable[T]], /, *args: P.args, **kwargs: P.kwargs
     ) -> T:
-        """Run ``fn(*args, **kwargs)`` once per (key, inputs); replay its recorded value."""
+        """Run ``fn(*args, **kwargs)`` once per (key, inputs); replay its recorded value.
+
+        ``fn`` may be a plain or a coroutine function; the step returns its (awaited) result.
+        """
         if not isinstance(key, str) or not key:
             raise ValueError("a step key must be a non-empty string")
         runtime = self._writer.runtime

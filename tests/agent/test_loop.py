@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from loomflow import Agent, Message, Tuning
+from loomflow import Agent, Message, SessionState, Tuning
 from loomflow.models import AnthropicModel, ScriptedModel
 from loomflow.runtime import InProcRuntime, Scope
 
@@ -39,7 +39,7 @@ async def test_max_turns_ends_a_pass_that_keeps_calling_tools() -> None:
 async def test_stop_hooks_run_until_none_or_the_limit() -> None:
     seen: list[int] = []
 
-    async def forever(state):  # type: ignore[no-untyped-def]
+    async def forever(state: SessionState) -> Message:
         seen.append(state.passes)
         return Message.user("again")
 
@@ -60,7 +60,7 @@ async def test_a_stop_hook_returning_junk_is_a_type_error_and_the_log_records_it
         "x",
         model=ScriptedModel(lambda m: "ok"),
         runtime=runtime,
-        tuning=Tuning(stop_hooks=[lambda s: 42]),
+        tuning=Tuning(stop_hooks=[lambda s: 42]),  # type: ignore[list-item, return-value]
     )
     with pytest.raises(TypeError, match="stop hook"):
         await agent.run("go", session_id="s")

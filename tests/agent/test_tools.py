@@ -58,4 +58,4 @@ def test_unusable_functions_are_refused() -> None:
     with pytest.raises(ValueError, match="tool name"):
         as_tool(lambda: None)
     with pytest.raises(TypeError):
-        as_tool("search")  # type: ignore[arg-type]
+        as_tool("search")  # type: ignore[call-overload]

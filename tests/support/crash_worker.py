@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from loomflow import Message, Role
 from loomflow.runtime import KafkaRuntime, Runtime, SqliteRuntime
@@ -60,7 +61,9 @@ async def main(argv: Sequence[str]) -> int:
         tool = agent.tools[name]
         original = tool.fn
 
-        def logged(_original=original, _name=name, **kwargs):  # type: ignore[no-untyped-def]
+        def logged(
+            _original: Callable[..., Any] = original, _name: str = name, **kwargs: Any
+        ) -> Any:
             _log(args.log, f"tool {_name}:{next(iter(kwargs.values()))}")
             return _original(**kwargs)
 
