@@ -16,6 +16,8 @@ __all__ = ["WORKER_COMMAND", "main"]
 
 #: the hidden subcommand the demo starts its worker process with (kept out of --help)
 WORKER_COMMAND = "_demo-worker"
+#: the extra that installs all a command needs, where [all] would be more than that
+_EXTRAS = {"demo": "cli"}
 
 
 def _positive_int(text: str) -> int:
@@ -49,7 +51,8 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("loomflow-demo.db"),
         metavar="PATH",
-        help="SQLite log to use; deleted (with -wal/-shm) at start (default: %(default)s)",
+        help="SQLite log to use; deleted at start with its -wal/-shm files and its "
+        "-calls.jsonl record of model calls (default: %(default)s)",
     )
     demo.add_argument(
         "--kill-after-turns",
@@ -184,21 +187,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _dispatch(args)
     except ModuleNotFoundError as exc:
-        # the CLI's commands use optional extras (rich, faust, aiokafka, asyncpg)
-        print(f"loomflow {args.command}: {exc}; install 'loomflow-durable[all]'", file=sys.stderr)
+        # the CLI's commands use optional extras: the demo rich alone, the others several
+        extra = _EXTRAS.get(args.command, "all")
+        print(
+            f"loomflow {args.command}: {exc}; pip install 'loomflow-durable[{extra}]'",
+            file=sys.stderr,
+        )
         return 2
 
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "demo":
-        from loomflow._demo import run_demo
+        from loomflow.demo.view import run_demo
 
         return run_demo(args.db, args.kill_after_turns, args.model)
     if args.command == "processor":
         return _run_processor(args.loglevel)
     if args.command == "rebuild":
         return _run_rebuild(args.schema)
-    from loomflow._demo import run_worker
+    # the worker loads the scenario alone: no rich in a process that prints nothing
+    from loomflow.demo.scenario import run_worker
 
     return run_worker(args.db, args.session_id, args.backend, args.model)
 

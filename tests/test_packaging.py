@@ -2,7 +2,7 @@
 
 It imports none of the scaled path's drivers nor the Anthropic SDK, runs the spec page's
 SQLite code against the local Messages-API server, says which extra a scaled runtime
-needs, and reports its version.
+and the demo need, and reports its version.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ def test_a_scaled_runtime_names_its_extra(core_python: Path) -> None:
     done = _run(core_python, "-c", "from loomflow.runtime import KafkaRuntime")
     assert done.returncode == 1
     assert "pip install 'loomflow-durable[kafka]'" in done.stderr
+
+
+def test_the_demo_names_its_extra(core_python: Path) -> None:
+    done = _run(core_python.parent / "loomflow", "demo")
+    assert done.returncode == 2
+    assert "pip install 'loomflow-durable[cli]'" in done.stderr
 
 
 def test_the_command_reports_its_version(core_python: Path) -> None:
