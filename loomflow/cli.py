@@ -37,7 +37,7 @@ def _parser() -> argparse.ArgumentParser:
     # The metavar lists only public commands, so the worker stays out of --help.
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{demo,processor,rebuild}"
+        dest="command", required=True, metavar="{demo,processor,rebuild,setup}"
     )
     demo = commands.add_parser(
         "demo",
@@ -90,6 +90,18 @@ def _parser() -> argparse.ArgumentParser:
         "`loomflow processor`; positions are recorded for that processor's group.",
     )
     rebuild.add_argument("--schema", required=True, help="a new or empty schema to fill")
+    setup = commands.add_parser(
+        "setup",
+        help="create or migrate the PostgreSQL schema and create the Kafka topics, now",
+        description="For deploys that migrate ahead: create or migrate the read model's "
+        "schema and create the topics, as the LOOMFLOW_* environment names them; processes "
+        "started afterwards with LOOMFLOW_AUTO_MIGRATE=false only check the schema version.",
+    )
+    setup.add_argument(
+        "--postgres-only",
+        action="store_true",
+        help="the schema alone, for PostgresRuntime without Kafka",
+    )
     worker = commands.add_parser(WORKER_COMMAND)
     worker.add_argument("--db", type=Path, required=True)
     worker.add_argument("--session-id", required=True)
@@ -181,6 +193,37 @@ def _run_rebuild(schema: str) -> int:
     return 0
 
 
+def _run_setup(postgres_only: bool) -> int:
+    import asyncio
+
+    from loomflow.errors import LoomflowError
+    from loomflow.runtime import KafkaRuntime, PostgresRuntime, Runtime
+
+    settings = _settings()
+    if settings is None:
+        return 2
+    runtime: Runtime = (
+        PostgresRuntime(settings=settings) if postgres_only else KafkaRuntime(settings=settings)
+    )
+
+    async def set_up() -> None:
+        try:
+            await runtime.setup()
+        finally:
+            await runtime.close()
+
+    try:
+        asyncio.run(set_up())
+    except LoomflowError as exc:
+        print(f"loomflow setup: {exc}", file=sys.stderr)
+        return 1
+    done = f"schema {settings.db_schema!r} is at the current version"
+    if not postgres_only:
+        done += f"; topics {settings.topic_prefix}.* exist"
+    print(f"loomflow setup: {done}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
     args = _parser().parse_args(argv)
@@ -205,6 +248,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _run_processor(args.loglevel)
     if args.command == "rebuild":
         return _run_rebuild(args.schema)
+    if args.command == "setup":
+        return _run_setup(args.postgres_only)
     # the worker loads the scenario alone: no rich in a process that prints nothing
     from loomflow.demo.scenario import run_worker
 

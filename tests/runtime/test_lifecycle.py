@@ -109,3 +109,56 @@ async def test_with_automatic_migration_off_a_runtime_waits_for_setup() -> None:
         conn = await asyncpg.connect(postgres_dsn())
         await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         await conn.close()
+
+
+@pytest.mark.kafka
+def test_loomflow_setup_creates_the_schema_and_topics_the_environment_names(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    import asyncpg
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from loomflow.cli import main
+    from loomflow.projections.postgres import SCHEMA_VERSION, schema_version
+    from tests.support.services import kafka_bootstrap
+
+    name = f"setup_{new_id('t').split('_')[-1].lower()}"
+    monkeypatch.setenv("LOOMFLOW_KAFKA_BOOTSTRAP", kafka_bootstrap())
+    monkeypatch.setenv("LOOMFLOW_POSTGRES_DSN", postgres_dsn())
+    monkeypatch.setenv("LOOMFLOW_SCHEMA", name)
+    monkeypatch.setenv("LOOMFLOW_TOPIC_PREFIX", name)
+
+    async def version() -> int:
+        conn = await asyncpg.connect(postgres_dsn())
+        try:
+            return await schema_version(conn, name)
+        finally:
+            await conn.close()
+
+    async def topics() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
+        await admin.start()
+        try:
+            return {t for t in await admin.list_topics() if t.startswith(name)}
+        finally:
+            await admin.close()
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(postgres_dsn())
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        await conn.close()
+
+    assert asyncio.run(version()) == 0
+    try:
+        assert main(["setup"]) == 0
+        assert asyncio.run(version()) == SCHEMA_VERSION
+        assert asyncio.run(topics()) == {
+            f"{name}.events",
+            f"{name}.snapshots",
+            f"{name}.events.dlq",
+        }
+        assert f"schema {name!r} is at the current version" in capsys.readouterr().out
+    finally:
+        asyncio.run(drop())
