@@ -42,7 +42,8 @@ class InProcStore(EventStore):
 
     async def append(self, events: Sequence[Event]) -> None:
         async with self._lock:
-            rows = {key: entry.row for key, entry in self._sessions.items()}
+            keys = {(e.user_id, e.session_id) for e in events}
+            rows = {key: entry.row for key in keys if (entry := self._sessions.get(key))}
             wanted = maybe_redelivered(rows, events)
             stored = {
                 (user, session, seq): found.event_id
