@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -429,27 +429,34 @@ async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv)
     projector = await env.start_projector(snapshot_interval=3600)
     runtime = env.runtime()
     scopes = [Scope("a"), Scope("b", "alice")]
+    keys = {scope: scope_key(scope.user_id, scope.session_id) for scope in scopes}
+    records: list[ConsumerRecord] = []
+
+    async def each_latest_published() -> bool:
+        # a run returns once its checkpoints are projected; they are due for publishing
+        # a moment later, so a flush may come before the newest
+        await asyncio.wait_for(projector.snapshots_published(), 30)
+        records[:] = await read_records(env.bootstrap, env.topics.snapshots, env.topics.partitions)
+        latest = {record.key: record.value for record in records}  # what compaction keeps
+        for scope in scopes:
+            value = latest.get(keys[scope])
+            expected = await runtime.get_checkpoint(scope)
+            if value is None or Checkpoint.model_validate_json(value) != expected:
+                return False
+        return True
+
     for scope in scopes:
         agent = Research(passes=3).agent(runtime)
         await agent.run("Research.", session_id=scope.session_id, user_id=scope.user_id)
-    await asyncio.wait_for(projector.snapshots_published(), 30)
-    assert projector.snapshots == 2
+    await eventually(each_latest_published, what="both sessions' latest checkpoints")
+    before = len(records)
     await Research(passes=4).agent(runtime).resume(session_id="a")  # a newer checkpoint
-    await asyncio.wait_for(projector.snapshots_published(), 30)
-    assert projector.snapshots == 3
-
+    await eventually(each_latest_published, what="session a's newer checkpoint")
     assert runtime.settings.snapshots_topic == env.topics.snapshots
-    records = await read_records(env.bootstrap, env.topics.snapshots, env.topics.partitions)
-    keys = {scope: scope_key(scope.user_id, scope.session_id) for scope in scopes}
-    assert sorted(r.key for r in records) == sorted([keys[scopes[0]], *keys.values()])
-    latest = {record.key: record.value for record in records}  # what compaction keeps
-    for scope in scopes:
-        value = latest[keys[scope]]
-        assert value is not None
-        published = Checkpoint.model_validate_json(value)
-        expected = await runtime.get_checkpoint(scope)
-        assert expected is not None and published == expected
-        assert published.turn == (12 if scope.session_id == "a" else 9)
+    assert {r.key for r in records} == set(keys.values()) and len(records) > before
+    latest = {record.key: record.value for record in records}
+    turns = [Checkpoint.model_validate_json(latest[keys[s]] or b"").turn for s in scopes]
+    assert turns == [12, 9]
     await runtime.close()
 
     admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)

@@ -1,13 +1,15 @@
 """loomflow.testing as a third party meets it: an extra to install, nothing loaded by
-``import loomflow``, and the documented subclasses running under pytest-asyncio's strict
+``import loomflow``, and the README's subclasses running under pytest-asyncio's strict
 mode, outside our own configuration."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _python(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,37 +40,22 @@ def test_without_pytest_the_import_names_the_extra() -> None:
         assert f"'{missing}'" in last and "pip install 'loomflow-durable[testing]'" in last
 
 
-_THIRD_PARTY = """
-import pytest
-
-from loomflow.runtime import InProcStore, Runtime
-from loomflow.testing import RuntimeConformance, StoreConformance
-
-
-@pytest.fixture
-def storage():
-    return InProcStore()  # stands in for a file or a server each store reconnects to
+def _readme_example() -> str:
+    """The README's ``test_my_store.py``, as a user copies it."""
+    readme = (ROOT / "README.md").read_text()
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    return next(block for block in blocks if block.startswith("# test_my_store.py"))
 
 
-class TestMyStore(StoreConformance):
-    @pytest.fixture
-    def open_store(self, storage):
-        return lambda: storage
-
-
-class TestMyRuntime(RuntimeConformance):
-    @pytest.fixture
-    def open_runtime(self, storage):
-        return lambda **options: Runtime(storage, **options)
-
+_FORGOTTEN = """
 
 class TestForgotten(RuntimeConformance):
     pass
 """
 
 
-def test_the_documented_subclasses_run_in_a_project_of_their_own(tmp_path: Path) -> None:
-    (tmp_path / "test_mine.py").write_text(textwrap.dedent(_THIRD_PARTY))
+def test_the_readme_example_runs_in_a_project_of_its_own(tmp_path: Path) -> None:
+    (tmp_path / "test_my_store.py").write_text(_readme_example() + _FORGOTTEN)
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nasyncio_mode = strict\nasyncio_default_fixture_loop_scope = function\n"
     )
