@@ -43,7 +43,10 @@ and closes each one itself::
 
 A fixture may be an async generator that starts a server before it yields and stops it
 after; under pytest-asyncio's strict mode, declare it with ``@pytest_asyncio.fixture``.
-The tests are coroutines marked ``asyncio``, each on its own event loop.
+The tests are coroutines marked ``asyncio``, each on its own event loop. Each suite goes
+in a class of its own (they share the fixtures' plumbing); a test may ask for the
+suite's fixtures too: ``new_store``/``new_runtime`` (the factory, closing what it
+opened when the test ends) and ``store``/``runtime`` (the first thing it opened).
 """
 
 from __future__ import annotations

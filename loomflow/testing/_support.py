@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ClassVar, Generic, Literal, NoReturn, Protocol, TypeVar
+
+import pytest
+import pytest_asyncio
 
 from loomflow.runtime import EventStore, Runtime, Scope
 from loomflow.schemas import Event
 
-__all__ = ["Opened", "RuntimeFactory", "StoreFactory", "commit"]
+__all__ = [
+    "Opened",
+    "RuntimeFactory",
+    "StoreFactory",
+    "Suite",
+    "commit",
+    "opened_fixture",
+    "required_fixture",
+]
 
 
 class _Closable(Protocol):
@@ -65,3 +76,46 @@ async def commit(store: EventStore, events: Sequence[Event]) -> None:
     await store.append(events)
     for scope in dict.fromkeys(Scope(e.session_id, e.user_id) for e in events):
         await store.confirm(scope)
+
+
+def required_fixture(name: str, makes: str) -> Any:
+    """The factory fixture ``name`` a subclass must define; without it, every test of the
+    class errors saying so."""
+
+    def missing(self: object) -> NoReturn:
+        raise NotImplementedError(
+            f"{type(self).__name__} must define the fixture {name}: a callable returning "
+            f"a new {makes} on the test's storage"
+        )
+
+    return pytest.fixture(missing, name=name)
+
+
+def opened_fixture(name: str, *, one: bool = False) -> Any:
+    """The fixture ``name``: the suite's factory (``one``: the first thing it opens)."""
+
+    def fixture(self: object, _opened: Opened[Any]) -> Any:
+        return _opened() if one else _opened
+
+    return pytest.fixture(fixture, name=name)
+
+
+class Suite:
+    """What both suites share: coroutine tests, and a factory that closes what it opened
+    when the test ends, before the subclass's fixture tears its storage down."""
+
+    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.asyncio]
+    #: the fixture a subclass defines, which makes what the suite tests
+    factory: ClassVar[str]
+
+    @pytest.fixture
+    def _factory(self, request: pytest.FixtureRequest) -> Callable[..., Any]:
+        # looked up by name from a plain fixture: the subclass's may be async
+        factory: Callable[..., Any] = request.getfixturevalue(self.factory)
+        return factory
+
+    @pytest_asyncio.fixture
+    async def _opened(self, _factory: Callable[..., _Closable]) -> AsyncIterator[Opened[Any]]:
+        opened = Opened(_factory)
+        yield opened
+        await opened.close_all()

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import ClassVar
 
 import pytest
-import pytest_asyncio
 from pydantic import TypeAdapter
 
 from loomflow import (
@@ -26,7 +24,6 @@ from loomflow import (
     SessionState,
     Tuning,
     Usage,
-    current_journal,
     new_id,
 )
 from loomflow.errors import (
@@ -46,8 +43,14 @@ from loomflow.schemas import (
     TurnAppended,
 )
 from loomflow.schemas.events import TurnAppendedPayload
-from loomflow.testing._support import Opened, RuntimeFactory
-from loomflow.testing.scenario import CALLS_PER_PASS, Research, SimulatedCrash, digging_agent
+from loomflow.testing._support import Opened, Suite, opened_fixture, required_fixture
+from loomflow.testing.scenario import (
+    CALLS_PER_PASS,
+    Payment,
+    Research,
+    SimulatedCrash,
+    digging_agent,
+)
 
 __all__ = ["RuntimeConformance"]
 
@@ -79,6 +82,12 @@ def _checkpoint_in(events: Sequence[Event]) -> str | None:
     return next((e.event_id for e in events if isinstance(e, CheckpointWritten)), None)
 
 
+async def _dies(research: Research, runtime: Runtime, at: int, *, checkpoint: bool = True) -> None:
+    """Run ``research`` on session s1 until its process dies at model call ``at``."""
+    with pytest.raises(SimulatedCrash):
+        await research.ran(runtime, crash_at=at, checkpoint=checkpoint)
+
+
 def _follower(runtime: Runtime, reply: str = "ok") -> Agent:
     """A checkpointing agent that answers everything with ``reply``."""
     return Agent(
@@ -86,31 +95,16 @@ def _follower(runtime: Runtime, reply: str = "ok") -> Agent:
     )
 
 
-class RuntimeConformance:
+class RuntimeConformance(Suite):
     """Subclass in a test module and define the fixture ``open_runtime``: a callable that
     takes :class:`loomflow.runtime.Runtime`'s options and returns a new runtime on the
     test's storage, each seeing what the earlier ones wrote.
     """
 
-    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.asyncio]
-
-    @pytest.fixture
-    def open_runtime(self) -> RuntimeFactory:
-        raise NotImplementedError(
-            f"{type(self).__name__} must define the fixture open_runtime: a callable "
-            "returning a new Runtime on the test's storage"
-        )
-
-    @pytest_asyncio.fixture
-    async def new_runtime(self, open_runtime: RuntimeFactory) -> AsyncIterator[Opened[Runtime]]:
-        """``open_runtime`` that closes every runtime it opened when the test ends."""
-        opened: Opened[Runtime] = Opened(open_runtime)
-        yield opened
-        await opened.close_all()
-
-    @pytest.fixture
-    def runtime(self, new_runtime: Opened[Runtime]) -> Runtime:
-        return new_runtime()
+    factory = "open_runtime"
+    open_runtime = required_fixture("open_runtime", "Runtime")
+    new_runtime = opened_fixture("new_runtime")
+    runtime = opened_fixture("runtime", one=True)
 
     # --- checkpoints per pass, listing, scoping -------------------------------------------
 
@@ -127,8 +121,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=2)
-        agent = research.agent(new_runtime(), checkpoint=False)
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(new_runtime(), checkpoint=False)
         assert await agent.list_checkpoints("s1") == []
 
     async def test_checkpointing_is_off_by_default(self, runtime: Runtime) -> None:
@@ -150,8 +143,7 @@ class RuntimeConformance:
 
     async def test_list_limit_and_metadata_only(self, runtime: Runtime) -> None:
         research = Research(passes=3)
-        agent = research.agent(runtime)
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(runtime)
         metas = await agent.list_checkpoints("s1", limit=2)
         assert [m.turn for m in metas] == [9, 6]
         fields = set(type(metas[0]).model_fields)
@@ -196,10 +188,7 @@ class RuntimeConformance:
     ) -> None:
         research = Research(passes=3)
         # dies at the model call that would start the third pass
-        with pytest.raises(SimulatedCrash):
-            await research.agent(new_runtime(), crash_at=2 * CALLS_PER_PASS + 1).run(
-                "Research.", session_id="s1"
-            )
+        await _dies(research, new_runtime(), 2 * CALLS_PER_PASS + 1)
         runtime = new_runtime()
         before = await runtime.get_checkpoint(Scope("s1"))
         assert before is not None and before.turn == 6
@@ -228,10 +217,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=2)
-        with pytest.raises(SimulatedCrash):
-            await research.agent(new_runtime(), crash_at=CALLS_PER_PASS + 1).run(
-                "Research.", session_id="s1"
-            )
+        await _dies(research, new_runtime(), CALLS_PER_PASS + 1)
         runtime = new_runtime()
         ckpt = await runtime.get_checkpoint(Scope("s1"))
         assert ckpt is not None
@@ -249,10 +235,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=2)
-        with pytest.raises(SimulatedCrash):
-            await research.agent(new_runtime(), crash_at=CALLS_PER_PASS + 1).run(
-                "Research.", session_id="s1"
-            )
+        await _dies(research, new_runtime(), CALLS_PER_PASS + 1)
         agent = research.agent(new_runtime())
         await agent.resume(session_id="s1")
         first_request = research.models[-1].inner.calls[0]
@@ -264,10 +247,7 @@ class RuntimeConformance:
     ) -> None:
         research = Research(passes=2)
         # dies at the model call after the second pass's lookup: the lookup result is recorded
-        with pytest.raises(SimulatedCrash):
-            await research.agent(new_runtime(), crash_at=CALLS_PER_PASS + 2).run(
-                "Research.", session_id="s1"
-            )
+        await _dies(research, new_runtime(), CALLS_PER_PASS + 2)
         assert research.tool_runs["lookup:sqlite"] == 1
         calls_before = research.model_calls
         result = await research.agent(new_runtime()).resume(session_id="s1")
@@ -304,10 +284,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=2)
-        with pytest.raises(SimulatedCrash):
-            await research.agent(new_runtime(), checkpoint=False, crash_at=CALLS_PER_PASS + 2).run(
-                "Research.", session_id="s1"
-            )
+        await _dies(research, new_runtime(), CALLS_PER_PASS + 2, checkpoint=False)
         calls_before = research.model_calls
         result = await research.agent(new_runtime(), checkpoint=False).resume(session_id="s1")
         assert research.model_calls - calls_before == 2
@@ -366,8 +343,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=3)
-        agent = research.agent(new_runtime())
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(new_runtime())
         runtime = new_runtime()
         metas = await agent.list_checkpoints("s1")
         original_events = await runtime.store.read_events(Scope("s1"))
@@ -399,8 +375,7 @@ class RuntimeConformance:
 
     async def test_a_fork_stays_with_its_user(self, new_runtime: Opened[Runtime]) -> None:
         research = Research(passes=3)
-        agent = research.agent(new_runtime())
-        await agent.run("Research.", session_id="s1", user_id="alice")
+        agent = await research.ran(new_runtime(), user_id="alice")
         metas = await agent.list_checkpoints("s1", user_id="alice")
         older = metas[-1]
         with pytest.raises(CheckpointNotFoundError):  # not without alice's user id
@@ -433,8 +408,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=1)
-        agent = research.agent(new_runtime())
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(new_runtime())
         latest = (await agent.list_checkpoints("s1"))[0]
         follow = _follower(new_runtime())
         result = await follow.resume("more", session_id="s1", from_checkpoint=latest.checkpoint_id)
@@ -442,8 +416,7 @@ class RuntimeConformance:
 
     async def test_unknown_checkpoint_is_a_clear_error(self, runtime: Runtime) -> None:
         research = Research(passes=1)
-        agent = research.agent(runtime)
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(runtime)
         missing = new_id("ckpt")
         with pytest.raises(CheckpointNotFoundError, match=missing):
             await agent.resume(session_id="s1", from_checkpoint=missing)
@@ -599,52 +572,21 @@ class RuntimeConformance:
     async def test_tools_can_journal_steps_that_replay_after_a_crash(
         self, new_runtime: Opened[Runtime]
     ) -> None:
-        charged: list[str] = []
-        crashed: list[bool] = []
-
-        def charge(order: str) -> str:
-            charged.append(order)
-            return f"paid {order}"
-
-        async def pay(order: str) -> str:
-            """Charge an order, then send a receipt."""
-            journal = current_journal()
-            assert journal is not None
-            receipt = await journal.step("charge", charge, order)
-            if not crashed:
-                crashed.append(True)
-                raise SimulatedCrash("died after charging, before the tool returned")
-            return receipt
-
+        payment = Payment()
         model = ScriptedModel([ScriptedModel.tool_call("pay", order="o-1"), "paid"])
         with pytest.raises(SimulatedCrash):
-            await Agent("x", model=model, runtime=new_runtime(), tools=[pay]).run(
+            await Agent("x", model=model, runtime=new_runtime(), tools=[payment.pay]).run(
                 "pay", session_id="s1"
             )
-        again = Agent("x", model=model, runtime=new_runtime(), tools=[pay])
+        again = Agent("x", model=model, runtime=new_runtime(), tools=[payment.pay])
         result = await again.resume(session_id="s1")
-        assert charged == ["o-1"]  # the tool ran again (at least once) but the charge did not
+        assert payment.charged == ["o-1"]  # the tool ran again (at least once), the charge not
         assert result.output == "paid"
 
     async def test_journal_steps_and_checkpoints_compose(
         self, new_runtime: Opened[Runtime]
     ) -> None:
-        charged: list[str] = []
-        crashed: list[bool] = []
-
-        def charge(order: str) -> str:
-            charged.append(order)
-            return f"paid {order}"
-
-        async def pay(order: str) -> str:
-            """Charge an order."""
-            journal = current_journal()
-            assert journal is not None
-            receipt = await journal.step("charge", charge, order)
-            if not crashed:
-                crashed.append(True)
-                raise SimulatedCrash("died after charging, before the tool returned")
-            return receipt
+        payment = Payment()
 
         def more(state: SessionState) -> str | None:
             answers = [m for m in state.messages if m.content.startswith("Pass ")]
@@ -658,7 +600,8 @@ class RuntimeConformance:
 
         def agent(model: ScriptedModel) -> Agent:
             tuning = Tuning(checkpoint=True, stop_hooks=[more])
-            return Agent("x", model=model, runtime=new_runtime(), tuning=tuning, tools=[pay])
+            runtime = new_runtime()
+            return Agent("x", model=model, runtime=runtime, tuning=tuning, tools=[payment.pay])
 
         with pytest.raises(SimulatedCrash):  # in pass two, after the step was recorded
             await agent(ScriptedModel(script)).run("Pay when asked.", session_id="s1")
@@ -667,7 +610,7 @@ class RuntimeConformance:
 
         model = ScriptedModel(script)
         result = await agent(model).resume(session_id="s1")
-        assert charged == ["o-1"]  # replayed from the journal, not charged again
+        assert payment.charged == ["o-1"]  # replayed from the journal, not charged again
         assert result.restored_turns == 2 and result.model_calls == 1
         assert result.output == "Pass 2: paid."
         assert [m.content for m in model.calls[0] if m.role is Role.TOOL] == ["paid o-1"]
@@ -752,8 +695,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime]
     ) -> None:
         research = Research(passes=5)
-        agent = research.agent(new_runtime(max_checkpoints_per_session=2))
-        await agent.run("Research.", session_id="s1", user_id="alice")
+        agent = await research.ran(new_runtime(max_checkpoints_per_session=2), user_id="alice")
         bob = Research(passes=3).agent(new_runtime(max_checkpoints_per_session=2))
         await bob.run("Research.", session_id="s1", user_id="bob")
         alice = await agent.list_checkpoints("s1", user_id="alice")
@@ -768,8 +710,7 @@ class RuntimeConformance:
         self, new_runtime: Opened[Runtime], keep: int
     ) -> None:
         research = Research(passes=4)
-        agent = research.agent(new_runtime(max_checkpoints_per_session=keep))
-        await agent.run("Research.", session_id="s1")
+        agent = await research.ran(new_runtime(max_checkpoints_per_session=keep))
         assert len(await agent.list_checkpoints("s1")) == 4
 
     async def test_prune_by_session_deletes_its_journal_and_checkpoints(

@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from loomflow import Agent, Message, Role, SessionState, Tuning
+from loomflow import Agent, Message, Role, SessionState, Tuning, current_journal
 from loomflow.models import ModelResponse, ScriptedModel, ToolSpec
 from loomflow.runtime import Runtime
 
@@ -19,6 +19,7 @@ __all__ = [
     "CALLS_PER_PASS",
     "FACTS",
     "CrashingModel",
+    "Payment",
     "Research",
     "SimulatedCrash",
     "digging_agent",
@@ -123,9 +124,45 @@ class Research:
             tools=[self.lookup, self.note],
         )
 
+    async def ran(
+        self,
+        runtime: Runtime,
+        *,
+        session_id: str = "s1",
+        user_id: str | None = None,
+        **options: Any,
+    ) -> Agent:
+        """An agent as :meth:`agent` makes it, once it has run the research on a session."""
+        agent = self.agent(runtime, **options)
+        await agent.run("Research.", session_id=session_id, user_id=user_id)
+        return agent
+
     @property
     def model_calls(self) -> int:
         return sum(m.calls for m in self.models)
+
+
+class Payment:
+    """A tool that charges an order in a journaled step, and whose process dies once,
+    after the charge was recorded and before the tool returned."""
+
+    def __init__(self) -> None:
+        self.charged: list[str] = []
+        self.crashed = False
+
+    def _charge(self, order: str) -> str:
+        self.charged.append(order)
+        return f"paid {order}"
+
+    async def pay(self, order: str) -> str:
+        """Charge an order, then send a receipt."""
+        journal = current_journal()
+        assert journal is not None, "a tool runs inside a journal"
+        receipt = await journal.step("charge", self._charge, order)
+        if not self.crashed:
+            self.crashed = True
+            raise SimulatedCrash("died after charging, before the tool returned")
+        return receipt
 
 
 def _dig(messages: Sequence[Message]) -> Message | str:

@@ -10,12 +10,11 @@ retention, pruning, erasure and scoping by user.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 import pytest
-import pytest_asyncio
 
 from loomflow import InvalidIdError, Message, ToolCall, Usage, new_id
 from loomflow.errors import (
@@ -43,7 +42,7 @@ from loomflow.schemas.events import (
     TranscriptCompactedPayload,
     TurnAppendedPayload,
 )
-from loomflow.testing._support import Opened, StoreFactory, commit
+from loomflow.testing._support import Opened, Suite, commit, opened_fixture, required_fixture
 
 __all__ = ["SessionLog", "StoreConformance"]
 
@@ -154,7 +153,7 @@ def _answer(text: str) -> Usage:
     return Usage(input_tokens=10 * len(text), output_tokens=len(text), cost_usd=0.001)
 
 
-class StoreConformance:
+class StoreConformance(Suite):
     """Subclass in a test module and define the fixture ``open_store``: a callable that
     returns a new store on the test's storage, each seeing what the earlier ones wrote.
 
@@ -165,25 +164,11 @@ class StoreConformance:
     """
 
     atomic_appends: ClassVar[bool] = True
-    pytestmark: ClassVar[list[pytest.MarkDecorator]] = [pytest.mark.asyncio]
 
-    @pytest.fixture
-    def open_store(self) -> StoreFactory:
-        raise NotImplementedError(
-            f"{type(self).__name__} must define the fixture open_store: a callable "
-            "returning a new EventStore on the test's storage"
-        )
-
-    @pytest_asyncio.fixture
-    async def new_store(self, open_store: StoreFactory) -> AsyncIterator[Opened[EventStore]]:
-        """``open_store`` that closes every store it opened when the test ends."""
-        opened: Opened[EventStore] = Opened(open_store)
-        yield opened
-        await opened.close_all()
-
-    @pytest.fixture
-    def store(self, new_store: Opened[EventStore]) -> EventStore:
-        return new_store()
+    factory = "open_store"
+    open_store = required_fixture("open_store", "EventStore")
+    new_store = opened_fixture("new_store")
+    store = opened_fixture("store", one=True)
 
     # --- reads of what is not there ---------------------------------------------------
 
