@@ -10,11 +10,15 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from loomflow.processors import Projector
 from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import Scope
 from loomflow.schemas import Checkpoint, Message, TurnAppended
@@ -95,8 +99,8 @@ async def test_bad_records_are_dead_lettered_and_processing_goes_on(env: KafkaEn
     # the wrong-scope record sits on another partition: compare without order
     for expected in ("Invalid JSON", "martian.landed", "exceeds", "not the scope", "older than"):
         assert sum(expected in reason for reason in reasons) == 1, (expected, reasons)
-    stale = [r for r in letters if "older than" in r["reason"]]
-    assert stale[0]["error_type"] == "StaleWriterError"
+    refused = [r for r in letters if "older than" in r["reason"]]
+    assert refused[0]["error_type"] == "StaleWriterError"
 
     dlq = AIOKafkaConsumer(
         env.topics.dlq, bootstrap_servers=env.bootstrap, auto_offset_reset="earliest"
@@ -150,15 +154,18 @@ async def test_rebuild_equals_the_live_read_model(env: KafkaEnv, tmp_path: Path)
     assert again.returncode == 1 and "already holds a read model" in again.stdout
 
 
+def _share_all(a: Projector, b: Projector) -> bool:
+    """Whether two workers each hold partitions, none twice, together all three."""
+    mine, theirs = a.assignment(), b.assignment()
+    return bool(mine and theirs and not mine & theirs and mine | theirs == {0, 1, 2})
+
+
 async def test_two_workers_share_partitions_and_survive_a_restart(env: KafkaEnv) -> None:
     first = await env.start_projector()
     second = await env.start_projector()
-
-    def shared() -> bool:
-        a, b = first.assignment(), second.assignment()
-        return bool(a and b and not a & b and a | b == {0, 1, 2})
-
-    await eventually(shared, what="both workers to hold disjoint partitions")
+    await eventually(
+        lambda: _share_all(first, second), what="both workers to hold disjoint partitions"
+    )
 
     producer = EventProducer(env.bootstrap, env.topics)
     for n in range(20):
@@ -172,7 +179,9 @@ async def test_two_workers_share_partitions_and_survive_a_restart(env: KafkaEnv)
         await producer.send(session_events(f"after-{n}", passes=3))
     await producer.stop()
     await eventually(lambda: _caught_up(env), what="the workers to catch up")
-    assert third.assignment() or first.assignment() == {0, 1, 2}
+    await eventually(
+        lambda: _share_all(first, third), what="the restarted worker to take its share"
+    )
     expected = await fold_of(await log_events(env.bootstrap, env.topics))
     assert len(expected) == 60
     assert await in_postgres(env.dsn, env.schema) == expected
@@ -272,10 +281,24 @@ async def test_a_kafka_agent_killed_mid_run_resumes_elsewhere_without_repeats(
     assert result.turns == 9 and result.restored_turns == 7
 
 
+def _named(dsn: str, application_name: str) -> str:
+    """``dsn`` whose connections report ``application_name`` in pg_stat_activity."""
+    parts = urlsplit(dsn)
+    query = "&".join(q for q in (parts.query, f"application_name={application_name}") if q)
+    return urlunsplit(parts._replace(query=query))
+
+
 async def test_a_lost_database_connection_is_retried_without_loss_or_duplicates(
     env: KafkaEnv,
 ) -> None:
-    projector = await env.start_projector()
+    # the projector's pool is told apart by its application name: the database is shared,
+    # and only this projector's connections are cut
+    name = f"lf-test-projector-{env.tag}"
+    settings = env.settings.model_copy(update={"postgres_dsn": _named(env.dsn, name)})
+    projector = Projector(settings, poll_ms=20, session_timeout_ms=6_000, heartbeat_interval_ms=500)
+    await projector.start()
+    stop = asyncio.Event()
+    env.running.append((projector, stop, asyncio.create_task(projector.run(stop))))
     producer = EventProducer(env.bootstrap, env.topics)
     await producer.send([e for n in range(100) for e in session_events(f"a{n}", passes=5)])
     await eventually(lambda: _some_progress(env), what="a first committed batch")
@@ -284,8 +307,8 @@ async def test_a_lost_database_connection_is_retried_without_loss_or_duplicates(
     try:  # cut every connection of the projector's pool, mid-run
         killed = await conn.fetchval(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE usename = current_user AND pid <> pg_backend_pid() "
-            "AND datname = current_database()"
+            "WHERE application_name = $1",
+            name,
         )
     finally:
         await conn.close()
@@ -401,21 +424,48 @@ async def test_nothing_on_the_topic_stops_the_processor(env: KafkaEnv) -> None:
 
 async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv) -> None:
     """The compacted snapshots topic ends with every session's latest checkpoint, as a
-    Checkpoint equal to what the runtime reads; a flush does not wait for the interval."""
+    Checkpoint equal to what the runtime reads, keyed by scope; a flush does not wait for
+    the interval."""
     projector = await env.start_projector(snapshot_interval=3600)
     runtime = env.runtime()
-    for session in ("a", "b"):
-        await Research(passes=3).agent(runtime).run("Research.", session_id=session)
-    await asyncio.wait_for(projector.snapshots_published(), 30)
+    scopes = [Scope("a"), Scope("b", "alice")]
+    keys = {scope: scope_key(scope.user_id, scope.session_id) for scope in scopes}
+    records: list[ConsumerRecord] = []
 
-    latest = {
-        record.key: record.value
-        for record in await read_records(env.bootstrap, env.topics.snapshots, 2)
-    }
-    assert set(latest) == {scope_key(None, "a"), scope_key(None, "b")}
-    for session in ("a", "b"):
-        published = Checkpoint.model_validate_json(latest[scope_key(None, session)])
-        expected = await runtime.get_checkpoint(Scope(session))
-        assert expected is not None and published == expected
-        assert published.turn == 9 and len(published.messages) == len(expected.messages)
+    async def each_latest_published() -> bool:
+        # a run returns once its checkpoints are projected; they are due for publishing
+        # a moment later, so a flush may come before the newest
+        await asyncio.wait_for(projector.snapshots_published(), 30)
+        records[:] = await read_records(env.bootstrap, env.topics.snapshots, env.topics.partitions)
+        latest = {record.key: record.value for record in records}  # what compaction keeps
+        for scope in scopes:
+            value = latest.get(keys[scope])
+            expected = await runtime.get_checkpoint(scope)
+            if value is None or Checkpoint.model_validate_json(value) != expected:
+                return False
+        return True
+
+    for scope in scopes:
+        agent = Research(passes=3).agent(runtime)
+        await agent.run("Research.", session_id=scope.session_id, user_id=scope.user_id)
+    await eventually(each_latest_published, what="both sessions' latest checkpoints")
+    before = len(records)
+    await Research(passes=4).agent(runtime).resume(session_id="a")  # a newer checkpoint
+    await eventually(each_latest_published, what="session a's newer checkpoint")
+    assert runtime.settings.snapshots_topic == env.topics.snapshots
+    assert {r.key for r in records} == set(keys.values()) and len(records) > before
+    latest = {record.key: record.value for record in records}
+    turns = [Checkpoint.model_validate_json(latest[keys[s]] or b"").turn for s in scopes]
+    assert turns == [12, 9]
     await runtime.close()
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, env.topics.snapshots)]
+        )
+    finally:
+        await admin.close()
+    configs = {entry[0]: entry[1] for r in described for res in r.resources for entry in res[4]}
+    assert configs["cleanup.policy"] == "compact"

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow.errors import StoreError
 from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
-from loomflow.schemas import Message, RunStarted, TurnAppended
+from loomflow.producers import kafka as producers_kafka
+from loomflow.schemas import Event, Message, RunStarted, TurnAppended, new_id
 from loomflow.schemas.codec import decode_event
+from tests.support.kafka_env import KafkaEnv
 from tests.support.services import kafka_bootstrap
 
 pytestmark = pytest.mark.kafka
@@ -65,7 +69,10 @@ async def test_a_sessions_events_keep_their_order_and_any_group_reads_them_as_js
     ]
     positions = await producer.send(events)
     await producer.stop()
-    assert len({p.partition for p in positions}) == 1  # key = scope: one partition
+    # key = scope: one partition, the one Kafka's own clients pick for the key (murmur2)
+    every = list(range(topics.partitions))
+    partition = DefaultPartitioner()(scope_key("alice", "s1"), every, every)
+    assert {p.partition for p in positions} == {partition}
     assert [p.offset for p in positions] == sorted(p.offset for p in positions)
 
     audit = AIOKafkaConsumer(
@@ -77,19 +84,52 @@ async def test_a_sessions_events_keep_their_order_and_any_group_reads_them_as_js
     )
     await audit.start()
     try:
-        seen = []
+        seen: list[Event] = []
+        where: set[TopicPartition] = set()
         while len(seen) < len(events):
             batch = await audit.getmany(timeout_ms=1000)
             assert batch, "the audit consumer saw nothing within a second"
-            for records in batch.values():
+            for tp, records in batch.items():
+                where.add(tp)
                 for record in records:
                     assert record.key == scope_key("alice", "s1")
+                    assert record.value is not None
                     seen.append(decode_event(record.value))
     finally:
         await audit.stop()
     assert [e.seq for e in seen] == list(range(1, 30))
     assert seen == events
-    assert TopicPartition(topics.events, positions[0].partition)
+    assert where == {TopicPartition(topics.events, partition)}  # read where they were written
+
+
+async def test_the_runtime_appends_with_acks_all_and_an_idempotent_producer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[tuple[dict[str, Any], AIOKafkaProducer]] = []
+
+    class Recording(AIOKafkaProducer):  # type: ignore[misc]
+        """The producer aiokafka builds, and the configuration it was built with."""
+
+        def __init__(self, **config: Any) -> None:
+            super().__init__(**config)
+            built.append((config, self))
+
+    monkeypatch.setattr(producers_kafka, "AIOKafkaProducer", Recording)
+    env = await KafkaEnv.create()
+    runtime = env.runtime()
+    try:
+        claim = RunStarted(session_id="s1", run_id=new_id("run"), seq=1, epoch=1)
+        await runtime.store.append([claim])  # acknowledged: no projector needed
+        assert len(built) == 1, built
+        config, producer = built[0]
+        assert config["acks"] == "all" and config["enable_idempotence"] is True
+        # as aiokafka took them: every in-sync replica acknowledges (-1), and the broker
+        # gave the producer the id it deduplicates retried batches by
+        assert producer._sender._acks == -1
+        assert producer._txn_manager is not None and producer._txn_manager.has_pid()
+    finally:
+        await runtime.close()
+        await env.close()
 
 
 async def test_an_unreachable_broker_names_the_script() -> None:

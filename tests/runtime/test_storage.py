@@ -1,4 +1,6 @@
-"""Storage grows linearly: a checkpoint never copies messages that turn events carry."""
+"""Storage grows linearly, measured on disk: a checkpoint never copies messages that turn
+events carry. (The log's own bytes are measured on every runtime by the conformance
+suite's ``test_the_log_of_a_long_session_grows_linearly``.)"""
 
 from __future__ import annotations
 
@@ -8,43 +10,21 @@ from pathlib import Path
 
 from pydantic import TypeAdapter
 
-from loomflow import Agent, Message, Role, Tuning
-from loomflow.models import ScriptedModel
+from loomflow import Message
 from loomflow.runtime import Scope, SqliteRuntime
+from loomflow.testing.scenario import digging_agent
 
 PASSES = 200
-
-
-def _reply(messages: list[Message]) -> Message | str:
-    # each pass: one tool call with small arguments, then a ~600-character answer
-    if messages[-1].role is Role.TOOL:
-        return "The findings so far, restated in full for the reader. " * 11
-    return ScriptedModel.tool_call("search", query="event sourcing", page=len(messages))
 
 
 def _bytes_on_disk(path: Path) -> int:
     return sum(os.path.getsize(p) for p in glob.glob(f"{path}*"))  # the db, -wal and -shm
 
 
-def search(query: str, page: int) -> str:
-    """Search the notes."""
-    return f"{query} result page {page}: " + "x" * 370
-
-
 async def test_sqlite_storage_of_200_passes_stays_under_3x_the_transcript(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     runtime = SqliteRuntime(path, max_checkpoints_per_session=0)  # keep every checkpoint
-
-    def more(state):  # type: ignore[no-untyped-def]
-        return "Please dig one level deeper into the topic. " * 4 if state.passes < PASSES else None
-
-    agent = Agent(
-        "You are a careful researcher.",
-        model=ScriptedModel(_reply),
-        runtime=runtime,
-        tuning=Tuning(checkpoint=True, stop_hooks=[more], max_stop_hook_iterations=PASSES),
-        tools=[search],
-    )
+    agent = digging_agent(runtime, PASSES)
     await agent.run("Research event sourcing.", session_id="long")
     assert len(await agent.list_checkpoints("long", limit=1000)) == PASSES
     final = await runtime.get_checkpoint(Scope("long"))

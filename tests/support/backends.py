@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
-from loomflow.runtime import InProcRuntime, PostgresRuntime, Runtime, SqliteRuntime
+from loomflow.runtime import EventStore, InProcRuntime, PostgresRuntime, Runtime, SqliteRuntime
 from loomflow.runtime.kafka import KafkaRuntime
 from loomflow.settings import Settings
 from tests.support.services import kafka_bootstrap, postgres_dsn
@@ -22,22 +22,30 @@ from tests.support.services import kafka_bootstrap, postgres_dsn
 
 @dataclass
 class Backend:
-    """Opens runtimes on one storage: a second runtime sees what the first wrote."""
+    """Opens runtimes on one storage: a second runtime sees what the first wrote.
+
+    Whoever opens a runtime closes it (the conformance suites close theirs); ``close``
+    tears the storage down.
+    """
 
     name: str
     opener: Callable[..., Runtime]
-    opened: list[Runtime] = field(default_factory=list)
     cleanup: Callable[[], Awaitable[None]] | None = None
     setup: Callable[[], Awaitable[None]] | None = None
 
     def runtime(self, **kwargs: Any) -> Runtime:
-        runtime = self.opener(**kwargs)
-        self.opened.append(runtime)
-        return runtime
+        """A runtime on this storage, with the backend's defaults for what is not given."""
+        return self.opener(**kwargs)
+
+    def store(self) -> EventStore:
+        """An event store on this storage, as a runtime with default settings opens it."""
+        return self.opener().store
+
+    async def open(self) -> None:
+        if self.setup is not None:
+            await self.setup()
 
     async def close(self) -> None:
-        for runtime in self.opened:
-            await runtime.close()
         if self.cleanup is not None:
             await self.cleanup()
 

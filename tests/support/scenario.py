@@ -1,104 +1,12 @@
-"""A small research agent whose every model and tool call is counted."""
+"""The scenario agents of the conformance suite (loomflow.testing.scenario), for the
+tests of one backend and the crash worker."""
 
-from __future__ import annotations
+from loomflow.testing.scenario import (
+    FACTS,
+    CrashingModel,
+    Research,
+    SimulatedCrash,
+    research_script,
+)
 
-from collections import Counter
-from collections.abc import Sequence
-from typing import Any
-
-from loomflow import Agent, Message, Role, Tuning
-from loomflow.models import ScriptedModel
-from loomflow.models.base import ModelResponse, ToolSpec
-from loomflow.runtime import Runtime
-
-FACTS = {"kafka": "a distributed log", "sqlite": "an embedded database", "faust": "streams"}
-
-
-class SimulatedCrash(BaseException):
-    """Stands in for the process dying: not an Exception, so nothing handles it."""
-
-
-class CrashingModel:
-    """Delegates to a model and dies at its ``crash_at``-th call (1-based)."""
-
-    def __init__(self, inner: ScriptedModel, crash_at: int | None = None) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.crash_at = crash_at
-        self.calls = 0
-
-    async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
-    ) -> ModelResponse:
-        self.calls += 1
-        if self.crash_at is not None and self.calls == self.crash_at:
-            raise SimulatedCrash(f"died at model call {self.calls}")
-        return await self.inner.complete(messages, tools)
-
-
-def research_script(passes: int = 3) -> list[Message | str]:
-    """Each pass: look a topic up, take a note, answer."""
-    topics = list(FACTS) * (passes // len(FACTS) + 1)
-    script: list[Message | str] = []
-    for n in range(passes):
-        topic = topics[n]
-        script += [
-            ScriptedModel.tool_call("lookup", topic=topic),
-            ScriptedModel.tool_call("note", text=f"{topic} noted"),
-            f"Pass {n + 1}: {topic} is {FACTS[topic]}.",
-        ]
-    return script
-
-
-class Research:
-    """Builds agents over one runtime and counts what really executed."""
-
-    def __init__(self, passes: int = 3) -> None:
-        self.passes = passes
-        self.tool_runs: Counter[str] = Counter()
-        self.models: list[CrashingModel] = []
-
-    def lookup(self, topic: str) -> str:
-        """Look a topic up.
-
-        Args:
-            topic: what to look up
-        """
-        self.tool_runs[f"lookup:{topic}"] += 1
-        return FACTS.get(topic, "unknown")
-
-    def note(self, text: str) -> dict[str, Any]:
-        """Write a note."""
-        self.tool_runs[f"note:{text}"] += 1
-        return {"saved": text}
-
-    def more(self, state: Any) -> str | None:
-        """Ask for another pass until the transcript holds ``passes`` answers."""
-        done = sum(
-            1 for m in state.messages if m.role is Role.ASSISTANT and m.content.startswith("Pass ")
-        )
-        return "Go deeper." if done < self.passes else None
-
-    def agent(
-        self,
-        runtime: Runtime,
-        *,
-        crash_at: int | None = None,
-        checkpoint: bool = True,
-        latency: float = 0.0,
-        **tuning: Any,
-    ) -> Agent:
-        scripted = ScriptedModel(research_script(self.passes), latency=latency)
-        model = CrashingModel(scripted, crash_at)
-        self.models.append(model)
-        return Agent(
-            "You are a careful researcher.",
-            model=model,
-            runtime=runtime,
-            tuning=Tuning(checkpoint=checkpoint, stop_hooks=[self.more], **tuning),
-            tools=[self.lookup, self.note],
-        )
-
-    @property
-    def model_calls(self) -> int:
-        return sum(m.calls for m in self.models)
+__all__ = ["FACTS", "CrashingModel", "Research", "SimulatedCrash", "research_script"]

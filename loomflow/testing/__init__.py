@@ -1,0 +1,77 @@
+"""Conformance suites for event stores and runtimes, to run against your own.
+
+A store or runtime written outside loomflow proves itself with the assertions that
+loomflow's own four runtimes (in-process, SQLite, PostgreSQL, Kafka) pass. Install with
+``pip install 'loomflow-durable[testing]'`` (pytest and pytest-asyncio); ``import
+loomflow`` never imports this package.
+
+Two pytest base classes. Subclass each in a test module and define one fixture: a
+factory that opens a new store or runtime on the test's storage each time it is called.
+Every store or runtime it returns must see what the earlier ones wrote (as a process
+that reopens a file or reconnects to a server does); the suite opens several per test
+and closes each one itself::
+
+    import pytest
+    from loomflow.runtime import Runtime
+    from loomflow.testing import RuntimeConformance, StoreConformance
+
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def open_store(self, tmp_path):
+            return lambda: MyStore(tmp_path / "events.db")
+
+
+    class TestMyRuntime(RuntimeConformance):
+        @pytest.fixture
+        def open_runtime(self, tmp_path):
+            # options: Runtime's max_checkpoints_per_session= and serializer=; one not
+            # given keeps the runtime's default (the suite checks a default retention of 20)
+            return lambda **options: Runtime(MyStore(tmp_path / "events.db"), **options)
+
+- :class:`StoreConformance` appends hand-made events (:class:`SessionLog`) to an
+  :class:`~loomflow.runtime.EventStore`: idempotent retries, seq and epoch rules and their
+  typed errors, atomic batches, reads of sessions, checkpoints, transcripts, steps and
+  events, retention, prune, erase, scoping by user, payloads kept byte for byte.
+  ``atomic_appends = False`` declares a store whose refused batch lands as a prefix (a log
+  written before it is folded, as Kafka's).
+- :class:`RuntimeConformance` runs scripted agents (:mod:`loomflow.testing.scenario`)
+  on the runtime: one checkpoint per pass, resume without repeating a model or tool call,
+  ``prompt=None``, forks (also under a ``user_id``), listing, retention (20 by default),
+  prune, erase, the journal with and without checkpoints, writes that fail or land in
+  doubt, and a fenced stale writer.
+
+A fixture may be an async generator that starts a server before it yields and stops it
+after; under pytest-asyncio's strict mode, declare it with ``@pytest_asyncio.fixture``.
+The tests are coroutines marked ``asyncio``, each on its own event loop. Each suite goes
+in a class of its own (they share the fixtures' plumbing); a test may ask for the
+suite's fixtures too: ``new_store``/``new_runtime`` (the factory, closing what it
+opened when the test ends) and ``store``/``runtime`` (the first thing it opened).
+"""
+
+from __future__ import annotations
+
+try:
+    import pytest
+    import pytest_asyncio  # noqa: F401 - the suite's async fixtures need it
+except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subprocess
+    raise ImportError(
+        f"loomflow.testing needs {exc.name!r}, which comes with an extra: "
+        "pip install 'loomflow-durable[testing]'",
+        name=exc.name,
+    ) from exc
+
+# the suites' assertions report their operands, as those of a test module do
+pytest.register_assert_rewrite("loomflow.testing.store", "loomflow.testing.runtime")
+
+from loomflow.testing._support import RuntimeFactory, StoreFactory  # noqa: E402
+from loomflow.testing.runtime import RuntimeConformance  # noqa: E402
+from loomflow.testing.store import SessionLog, StoreConformance  # noqa: E402
+
+__all__ = [
+    "RuntimeConformance",
+    "RuntimeFactory",
+    "SessionLog",
+    "StoreConformance",
+    "StoreFactory",
+]
