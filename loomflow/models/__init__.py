@@ -9,13 +9,22 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from loomflow.models.base import Model, ModelResponse, ToolSpec
+from loomflow.models.base import CallOptions, Effort, Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
 
 if TYPE_CHECKING:
     from loomflow.models.anthropic import AnthropicModel, price_for
 
-__all__ = ["AnthropicModel", "Model", "ModelResponse", "ScriptedModel", "ToolSpec", "price_for"]
+__all__ = [
+    "AnthropicModel",
+    "CallOptions",
+    "Effort",
+    "Model",
+    "ModelResponse",
+    "ScriptedModel",
+    "ToolSpec",
+    "price_for",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
 from loomflow.schemas import Message, Usage
 
-__all__ = ["COMPACTION_INSTRUCTIONS", "Model", "ModelResponse", "ToolSpec"]
+__all__ = [
+    "COMPACTION_INSTRUCTIONS",
+    "CallOptions",
+    "Effort",
+    "Model",
+    "ModelResponse",
+    "ToolSpec",
+    "accepts_options",
+]
 
 
 @dataclass(frozen=True)
@@ -29,15 +39,60 @@ class ModelResponse:
     stop_reason: str | None = None
 
 
+class Effort(StrEnum):
+    """How hard the model should think: an adapter maps it to its model's parameters
+    (Claude: effort and extended thinking), or to the nearest level the model supports."""
+
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+    MAX = "max"
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What a run asks of one model call beyond the transcript and the tools.
+
+    ``output_schema`` is the JSON Schema the final answer must satisfy (named
+    ``output_name``): an adapter uses its provider's structured-output support where there
+    is one; the loop validates the answer either way. ``on_delta`` receives text as the
+    model streams it; the returned message is the same as without it.
+    """
+
+    effort: Effort | None = None
+    output_schema: dict[str, Any] | None = None
+    output_name: str = "output"
+    on_delta: Callable[[str], Awaitable[None]] | None = None
+
+    def __bool__(self) -> bool:
+        return not (self.effort is None and self.output_schema is None and self.on_delta is None)
+
+
 @runtime_checkable
 class Model(Protocol):
-    """A chat model. ``messages`` may start with system messages; the adapter maps them."""
+    """A chat model. ``messages`` may start with system messages; the adapter maps them.
+
+    An adapter whose ``complete`` also takes a keyword ``options`` (a :class:`CallOptions`)
+    receives a run's effort, output schema and delta callback; one that does not is called
+    without them (see :func:`accepts_options`).
+    """
 
     name: str
 
     async def complete(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec]
     ) -> ModelResponse: ...
+
+
+def accepts_options(model: Model) -> bool:
+    """Whether ``model.complete`` takes the ``options`` keyword."""
+    try:
+        parameters = inspect.signature(model.complete).parameters
+    except (TypeError, ValueError):
+        return False
+    return "options" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
 
 
 COMPACTION_INSTRUCTIONS = (
