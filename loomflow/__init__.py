@@ -4,13 +4,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loomflow.agent import Agent, SessionState, Tool, Tuning
+from loomflow.agent import (
+    Agent,
+    RunContext,
+    SessionState,
+    TextDelta,
+    Tool,
+    Tuning,
+    get_run_context,
+)
 from loomflow.errors import (
     CheckpointNotFoundError,
     InvalidIdError,
     LoomflowError,
+    OutputValidationError,
     SerializationError,
 )
+from loomflow.models.base import Effort
 from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
 from loomflow.schemas import (
     Checkpoint,
@@ -32,22 +42,27 @@ __all__ = [
     "Checkpoint",
     "CheckpointMeta",
     "CheckpointNotFoundError",
+    "Effort",
     "InProcRuntime",
     "InvalidIdError",
     "KafkaRuntime",
     "LoomflowError",
     "Message",
+    "OutputValidationError",
     "PostgresRuntime",
     "Role",
+    "RunContext",
     "RunResult",
     "SerializationError",
     "SessionState",
     "SqliteRuntime",
+    "TextDelta",
     "Tool",
     "ToolCall",
     "Tuning",
     "Usage",
     "current_journal",
+    "get_run_context",
     "new_id",
 ]
 

@@ -11,6 +11,7 @@ __all__ = [
     "InvalidIdError",
     "LoomflowError",
     "ModelError",
+    "OutputValidationError",
     "ProjectionTimeoutError",
     "SequenceConflictError",
     "SerializationError",
@@ -47,6 +48,19 @@ class SerializationError(LoomflowError, TypeError):
 
 class ModelError(LoomflowError):
     """The model adapter could not produce a response."""
+
+
+class OutputValidationError(LoomflowError, ValueError):
+    """The final answer did not match the run's ``output_schema``, also after the retries.
+
+    ``output`` is the model's last answer as text; ``error`` what validation said of it.
+    The run is recorded as failed; its transcript is kept, so it can be resumed.
+    """
+
+    def __init__(self, message: str, *, output: str, error: str) -> None:
+        super().__init__(message)
+        self.output = output
+        self.error = error
 
 
 class InvalidEventError(LoomflowError, ValueError):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,21 +26,13 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from loomflow.runtime import KafkaRuntime, Scope
 from loomflow.settings import Settings
 from tests.support.backends import drop_environment
+from tests.support.readme import readme_block
 from tests.support.services import kafka_bootstrap, postgres_dsn
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
-
-
-def readme_block(marker: str, language: str = "python") -> str:
-    """The README's fenced ``language`` block that contains ``marker``."""
-    for block in re.findall(rf"```{language}\n(.*?)```", README, flags=re.S):
-        if marker in block:
-            return str(block)
-    raise AssertionError(f"README.md has no {language} block containing {marker!r}")
 
 
 def user_env() -> dict[str, str]:

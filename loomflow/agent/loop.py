@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Self
 
 import orjson
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from loomflow.agent.context import RunContext
+from loomflow.agent.context import activate as activate_context
+from loomflow.agent.context import deactivate as deactivate_context
+from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_of
 from loomflow.agent.tools import Tool, as_tool
 from loomflow.agent.tuning import SessionState, Tuning
 from loomflow.errors import (
     CheckpointNotFoundError,
     InvalidEventError,
     LoomflowError,
+    OutputValidationError,
     SerializationError,
 )
-from loomflow.models.base import COMPACTION_INSTRUCTIONS, Model
+from loomflow.models.base import (
+    COMPACTION_INSTRUCTIONS,
+    CallOptions,
+    Effort,
+    Model,
+    accepts_options,
+)
 from loomflow.runtime import InProcRuntime, Journal, RestoredState, Runtime, Scope, SessionWriter
 from loomflow.schemas import (
     CheckpointMeta,
     CheckpointWritten,
+    Event,
     Message,
     Role,
     RunFailed,
@@ -70,6 +84,71 @@ def _check_prompt(prompt: object) -> str:
     return prompt
 
 
+#: the keywords of run() that resume() passes on
+_RUN_KEYWORDS = frozenset(
+    {
+        "metadata",
+        "context",
+        "extra_tools",
+        "emit",
+        "output_schema",
+        "output_validation_retries",
+        "effort",
+    }
+)
+
+
+def _tools(
+    into: dict[str, Tool], more: Sequence[Callable[..., Any] | Tool] | None, where: str
+) -> dict[str, Tool]:
+    """``into`` plus the tools of ``more``; a name given twice is refused."""
+    if more is not None and (isinstance(more, str) or not isinstance(more, Sequence)):
+        raise TypeError(f"{where}tools must be a list of functions or Tools")
+    tools = dict(into)
+    for fn in more or ():
+        tool = as_tool(fn)
+        if tool.name in tools:
+            raise ValueError(f"{where}two tools are named {tool.name!r}")
+        tools[tool.name] = tool
+    return tools
+
+
+def _check_schema(schema: object) -> type[BaseModel] | None:
+    if schema is None:
+        return None
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise TypeError(
+            f"output_schema must be a pydantic model class, not {schema!r}; "
+            "define class Answer(BaseModel): ... and pass Answer"
+        )
+    return schema
+
+
+def _check_effort(effort: object) -> Effort | None:
+    if effort is None:
+        return None
+    levels = ", ".join(e.value for e in Effort)
+    if not isinstance(effort, str):  # an Effort is a str too
+        raise TypeError(f"effort must be one of {levels}, not {effort!r}")
+    try:
+        return Effort(effort)
+    except ValueError:
+        raise ValueError(f"effort must be one of {levels}, not {effort!r}") from None
+
+
+@dataclass(frozen=True)
+class _RunOptions:
+    """A run's keywords, checked, with the agent's defaults filled in."""
+
+    context: RunContext
+    session_id: str | None
+    tools: dict[str, Tool]
+    emitter: Emitter
+    output_schema: type[BaseModel] | None
+    retries: int
+    effort: Effort | None
+
+
 class Agent:
     """An agent whose runs are journaled by its runtime and can be resumed or forked."""
 
@@ -81,6 +160,8 @@ class Agent:
         runtime: Runtime | None = None,
         tuning: Tuning | None = None,
         tools: Sequence[Callable[..., Any] | Tool] | None = None,
+        output_schema: type[BaseModel] | None = None,
+        effort: Effort | str | None = None,
     ) -> None:
         if not isinstance(instructions, str):
             raise TypeError("instructions must be a string")
@@ -93,12 +174,10 @@ class Agent:
         if runtime is None:
             self._owned.append(self.runtime)
         self.tuning = tuning or Tuning()
-        self.tools: dict[str, Tool] = {}
-        for fn in tools or ():
-            tool = as_tool(fn)
-            if tool.name in self.tools:
-                raise ValueError(f"two tools are named {tool.name!r}")
-            self.tools[tool.name] = tool
+        self.tools: dict[str, Tool] = _tools({}, tools, "")
+        #: defaults of every run; a run's own keywords override them
+        self.output_schema = _check_schema(output_schema)
+        self.effort = _check_effort(effort)
 
     async def aclose(self) -> None:
         """Close what this agent created (a model client, its default runtime)."""
@@ -121,20 +200,49 @@ class Agent:
         session_id: str | None = None,
         user_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        context: RunContext | None = None,
+        extra_tools: Sequence[Callable[..., Any] | Tool] | None = None,
+        emit: Emit | None = None,
+        output_schema: type[BaseModel] | None = None,
+        output_validation_retries: int = 1,
+        effort: Effort | str | None = None,
     ) -> RunResult:
         """Run the agent on ``prompt``; an existing session_id continues its conversation.
 
         On a session that already has events (a crashed or finished run), the
         conversation is rebuilt from the log first: recorded model and tool calls are
         restored, never executed again.
+
+        ``context`` (a :class:`RunContext`) is what tools read with ``get_run_context()``;
+        ``user_id``, ``session_id`` and ``metadata`` override its fields. ``extra_tools``
+        are offered next to the agent's own, for this run. ``emit`` is awaited with each
+        event of the run as it is appended and with text deltas as the model streams
+        (see :meth:`stream`). ``output_schema`` (a pydantic model) is the shape of the
+        final answer: ``RunResult.parsed`` holds it validated, after up to
+        ``output_validation_retries`` turns that show the model its validation error.
+        ``effort`` (low, medium, high, max) is passed to the model.
         """
         _check_prompt(prompt)
-        scope = Scope.of(new_id("sess") if session_id is None else session_id, user_id)
+        options = self._options(
+            context,
+            user_id,
+            session_id,
+            metadata,
+            extra_tools,
+            emit,
+            output_schema,
+            output_validation_retries,
+            effort,
+        )
+        scope = Scope.of(
+            new_id("sess") if options.session_id is None else options.session_id,
+            options.context.user_id,
+        )
         writer = await self.runtime.open_session(
-            scope, run_id=new_id("run"), mode="run", metadata=metadata
+            scope, run_id=new_id("run"), mode="run", metadata=dict(options.context.metadata)
         )
         restored = await self.runtime.restore(scope)
-        return await _Run(self, writer, restored).drive(prompt)
+        return await _Run(self, writer, restored, options).drive(prompt)
 
     async def resume(
         self,
@@ -150,16 +258,32 @@ class Agent:
         ``from_checkpoint="latest"`` (or the latest id) continues in place, replaying the
         events recorded after the checkpoint. Any older id forks into a new ``sess…``
         session. Without any checkpoint this falls back to ``run`` on the same session.
+        Every other keyword of ``run`` (metadata, context, extra_tools, emit,
+        output_schema, output_validation_retries, effort) applies to the resumed run.
         """
-        scope = Scope.of(session_id, user_id)
+        unknown = sorted(set(run_kwargs) - _RUN_KEYWORDS)
+        if unknown:
+            raise TypeError(
+                f"resume() got unexpected keyword arguments {unknown}; it takes run()'s: "
+                f"{', '.join(sorted(_RUN_KEYWORDS))}"
+            )
         text = self.tuning.continuation_prompt if prompt is None else _check_prompt(prompt)
-        metadata = run_kwargs.pop("metadata", None)
-        if run_kwargs:
-            raise TypeError(f"resume() got unexpected keyword arguments {sorted(run_kwargs)}")
         if not self.runtime.supports_checkpoints:
-            return await self.run(text, session_id=session_id, user_id=user_id, metadata=metadata)
+            return await self.run(text, session_id=session_id, user_id=user_id, **run_kwargs)
         if not isinstance(from_checkpoint, str):
             raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
+        options = self._options(
+            run_kwargs.get("context"),
+            user_id,
+            session_id,
+            run_kwargs.get("metadata"),
+            run_kwargs.get("extra_tools"),
+            run_kwargs.get("emit"),
+            run_kwargs.get("output_schema"),
+            run_kwargs.get("output_validation_retries", 1),
+            run_kwargs.get("effort"),
+        )
+        scope = Scope.of(session_id, options.context.user_id)
         latest = await self.runtime.store.checkpoint(scope, None)
         if from_checkpoint != "latest":
             validate_id(from_checkpoint, "checkpoint id")
@@ -170,22 +294,71 @@ class Agent:
                     "agent.list_checkpoints(session_id, user_id=...)"
                 )
             if latest is not None and target.checkpoint_id != latest.checkpoint_id:
-                return await self._fork(scope, target.checkpoint_id, text, metadata)
+                return await self._fork(scope, target.checkpoint_id, text, options)
         if latest is None:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
-            return await self.run(text, session_id=session_id, user_id=user_id, metadata=metadata)
+            return await self.run(text, session_id=session_id, user_id=user_id, **run_kwargs)
         writer = await self.runtime.open_session(
             scope,
             run_id=new_id("run"),
             mode="resume",
             from_checkpoint=latest.checkpoint_id,
-            metadata=metadata,
+            metadata=dict(options.context.metadata),
         )
         restored = await self.runtime.restore(scope)
-        return await _Run(self, writer, restored).drive(text)
+        return await _Run(self, writer, restored, options).drive(text)
+
+    async def stream(self, prompt: str, **run_kwargs: Any) -> AsyncIterator[RunItem | RunResult]:
+        """Run as ``run`` does and yield what ``emit`` would receive, then the RunResult.
+
+        Items are the run's events as they are appended (``TurnAppended`` with model
+        answers, tool calls and results, ``CheckpointWritten``, ``RunFinished`` or
+        ``RunFailed``) and :class:`TextDelta` pieces of answers as the model streams
+        them. A run that fails raises after the items before its failure; leaving the
+        loop early cancels the run (which stays resumable).
+        """
+        if "emit" in run_kwargs:
+            raise TypeError("stream() delivers what emit would: pass no emit")
+        async for item in stream_of(lambda emit: self.run(prompt, emit=emit, **run_kwargs)):
+            yield item
+
+    def _options(
+        self,
+        context: RunContext | None,
+        user_id: str | None,
+        session_id: str | None,
+        metadata: dict[str, Any] | None,
+        extra_tools: Sequence[Callable[..., Any] | Tool] | None,
+        emit: Emit | None,
+        output_schema: type[BaseModel] | None,
+        output_validation_retries: int,
+        effort: Effort | str | None,
+    ) -> _RunOptions:
+        if context is not None and not isinstance(context, RunContext):
+            raise TypeError(f"context must be a RunContext, not {type(context).__name__}")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+        if (
+            isinstance(output_validation_retries, bool)
+            or not isinstance(output_validation_retries, int)
+            or output_validation_retries < 0
+        ):
+            raise ValueError("output_validation_retries must be an int >= 0")
+        merged = (context or RunContext()).merged(
+            user_id=user_id, session_id=session_id, metadata=metadata
+        )
+        return _RunOptions(
+            context=merged,
+            session_id=merged.session_id,
+            tools=_tools(self.tools, extra_tools, "extra_tools: "),
+            emitter=Emitter(emit),
+            output_schema=_check_schema(output_schema) or self.output_schema,
+            retries=output_validation_retries,
+            effort=_check_effort(effort) or self.effort,
+        )
 
     async def _fork(
-        self, parent: Scope, checkpoint_id: str, prompt: str, metadata: dict[str, Any] | None
+        self, parent: Scope, checkpoint_id: str, prompt: str, options: _RunOptions
     ) -> RunResult:
         state = await self.runtime.restore(parent, checkpoint_id)
         if state is None:  # pruned between the lookup and now
@@ -198,7 +371,7 @@ class Agent:
             run_id=new_id("run"),
             mode="fork",
             from_checkpoint=checkpoint_id,
-            metadata=metadata,
+            metadata=dict(options.context.metadata),
             fork=SessionForkedPayload(
                 parent_session_id=parent.session_id,
                 parent_checkpoint_id=checkpoint_id,
@@ -208,7 +381,7 @@ class Agent:
             ),
         )
         restored = await self.runtime.restore(child)
-        return await _Run(self, writer, restored).drive(prompt)
+        return await _Run(self, writer, restored, options).drive(prompt)
 
     async def list_checkpoints(
         self, session_id: str, limit: int = 50, *, user_id: str | None = None
@@ -223,10 +396,29 @@ class Agent:
 class _Run:
     """One run of the loop over one session, as its single writer."""
 
-    def __init__(self, agent: Agent, writer: SessionWriter, restored: RestoredState | None) -> None:
+    def __init__(
+        self,
+        agent: Agent,
+        writer: SessionWriter,
+        restored: RestoredState | None,
+        options: _RunOptions,
+    ) -> None:
         self.agent = agent
         self.tuning = agent.tuning
         self.writer = writer
+        self.options = options
+        self.tools = options.tools
+        self.parsed: Any = None
+        self.context = replace(
+            options.context,
+            session_id=writer.scope.session_id,
+            user_id=writer.scope.user_id,
+            run_id=writer.run_id,
+        )
+        self._emit = options.emitter
+        if self._emit:
+            writer.observer = self._observe
+        self._calls_with_options = accepts_options(agent.model)
         self.messages: list[Message] = list(restored.messages) if restored else []
         self.turns = restored.turns if restored else 0
         self.usage = restored.usage if restored else Usage()
@@ -243,12 +435,26 @@ class _Run:
     # -- the loop ---------------------------------------------------------------------
 
     async def drive(self, prompt: str) -> RunResult:
+        token = activate_context(self.context)
+        try:
+            return await self._drive(prompt)
+        finally:
+            deactivate_context(token)
+
+    async def _observe(self, events: list[Event]) -> None:
+        for event in events:
+            await self._emit(event)
+
+    async def _drive(self, prompt: str) -> RunResult:
+        for event in self.writer.opened:
+            await self._emit(event)
+        retries = self.options.retries
         try:
             await self._finish_pending_tools()
             opening: list[Message] = []
             if not self.messages:
                 opening.append(Message.system(self.agent.instructions))
-            opening.append(Message.user(prompt))
+            opening.append(Message.user(self._with_schema_note(prompt)))
             await self._append(opening, durable=False)
             hook_iterations = 0
             while True:
@@ -257,16 +463,23 @@ class _Run:
                 self.passes += 1
                 if self.tuning.checkpoint:
                     await self._checkpoint()
-                if self.stop_reason == "max_turns" or not self.tuning.stop_hooks:
+                if self.stop_reason == "max_turns":
+                    self._parse_quietly()
                     break
-                injected = await self._stop_hooks()
-                if injected is None:
+                injected = await self._stop_hooks() if self.tuning.stop_hooks else None
+                if injected is not None:
+                    if hook_iterations >= self.tuning.max_stop_hook_iterations:
+                        self.stop_reason = "stop_hook_limit"
+                        self._parse_quietly()
+                        break
+                    hook_iterations += 1
+                    await self._append([injected], durable=False)
+                    continue
+                retry = self._check_output(retries)
+                if retry is None:
                     break
-                if hook_iterations >= self.tuning.max_stop_hook_iterations:
-                    self.stop_reason = "stop_hook_limit"
-                    break
-                hook_iterations += 1
-                await self._append([injected], durable=False)
+                retries -= 1
+                await self._append([retry], durable=False)
             output = self._output()
             await self.writer.emit(
                 RunFinished,
@@ -296,10 +509,15 @@ class _Run:
             calls += 1
 
     async def _model_turn(self) -> None:
-        tools = [tool.spec for tool in self.agent.tools.values()]
+        tools = [tool.spec for tool in self.tools.values()]
         digest = self._digest.copy()
         digest.update(orjson.dumps([self.agent.model.name, [t.name for t in tools]]))
-        response = await self.agent.model.complete(list(self.messages), tools)
+        options = self._call_options()
+        if options:
+            complete: Any = self.agent.model.complete  # an adapter that takes options
+            response = await complete(list(self.messages), tools, options=options)
+        else:
+            response = await self.agent.model.complete(list(self.messages), tools)
         self.turns += 1
         self.model_calls += 1
         self.usage = self.usage + response.usage
@@ -311,6 +529,29 @@ class _Run:
             step_key=f"model:{self.turns}",
             input_hash=digest.hexdigest()[:32],
         )
+
+    def _call_options(self) -> CallOptions | None:
+        schema = self.options.output_schema
+        options = CallOptions(
+            effort=self.options.effort,
+            output_schema=None if schema is None else schema.model_json_schema(),
+            output_name=schema.__name__ if schema is not None else "output",
+            on_delta=self._delta if self._emit else None,
+        )
+        if not options:
+            return None
+        if not self._calls_with_options:
+            if options.effort is not None:
+                logger.warning(
+                    "model %s takes no options: effort=%s is not applied",
+                    self.agent.model.name,
+                    options.effort.value,
+                )
+            return None
+        return options
+
+    async def _delta(self, text: str) -> None:
+        await self._emit(TextDelta(text=text, turn=self.turns + 1))
 
     async def _finish_pending_tools(self) -> None:
         """Run the tool calls of the last assistant message that have no result yet."""
@@ -326,10 +567,20 @@ class _Run:
                 await self._call_tool(call)
 
     async def _call_tool(self, call: ToolCall) -> None:
-        tool = self.agent.tools.get(call.name)
+        tool = self.tools.get(call.name)
         is_error = False
         if tool is None:
-            content, is_error = f"unknown tool {call.name!r}", True
+            offered = ", ".join(sorted(self.tools)) or "none"
+            content, is_error = (
+                f"tool {call.name!r} is not offered in this run (offered: {offered})",
+                True,
+            )
+            logger.warning(
+                "%s: the model called tool %r, which this run does not offer; the call gets "
+                "a tool error (a run resumed without the extra_tools it had?)",
+                self.writer.scope.describe(),
+                call.name,
+            )
         else:
             journal = Journal(self.writer, prefix=f"tool:{call.id}/")
             token = journal.activate()
@@ -363,6 +614,54 @@ class _Run:
                 f"tool {name!r} returned a {type(value).__name__}, which is not "
                 "JSON-serialisable; return str, numbers, bool, None, lists or dicts"
             ) from exc
+
+    # -- structured output --------------------------------------------------------------
+
+    def _with_schema_note(self, prompt: str) -> str:
+        """The prompt, telling a model that takes no options the schema to answer in
+        (one that takes them gets it as ``CallOptions.output_schema``)."""
+        schema = self.options.output_schema
+        if schema is None or self._calls_with_options:
+            return prompt
+        shape = orjson.dumps(schema.model_json_schema()).decode()
+        return f"{prompt}\n\nAnswer with one JSON object matching this JSON Schema: {shape}"
+
+    def _check_output(self, retries: int) -> Message | None:
+        """Validate the final answer against the output schema. None when it holds (or
+        there is none); else the user turn that shows the model its error, while retries
+        last; then OutputValidationError."""
+        schema = self.options.output_schema
+        if schema is None:
+            return None
+        output = self._output()
+        try:
+            self.parsed = schema.model_validate_json(output)
+        except ValidationError as exc:
+            error = str(exc)
+            if retries <= 0:
+                raise OutputValidationError(
+                    f"the final answer does not match {schema.__name__} after "
+                    f"{self.options.retries} retries: {error}",
+                    output=output,
+                    error=error,
+                ) from exc
+            logger.info(
+                "answer of %s does not match %s; asking again",
+                self.writer.scope.describe(),
+                schema.__name__,
+            )
+            return Message.user(
+                f"Your answer is not valid {schema.__name__} JSON: {error}\n"
+                "Answer again with only the JSON object."
+            )
+        return None
+
+    def _parse_quietly(self) -> None:
+        """A run cut short (turn or hook limit) keeps ``parsed`` if the answer is valid."""
+        schema = self.options.output_schema
+        if schema is not None:
+            with contextlib.suppress(ValidationError):
+                self.parsed = schema.model_validate_json(self._output())
 
     async def _stop_hooks(self) -> Message | None:
         state = SessionState(
@@ -487,6 +786,7 @@ class _Run:
     def _result(self, output: str) -> RunResult:
         parent = self.session
         return RunResult(
+            parsed=self.parsed,
             session_id=self.writer.scope.session_id,
             output=output,
             turns=self.turns,

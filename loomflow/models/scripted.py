@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from loomflow.errors import ModelError
-from loomflow.models.base import COMPACTION_INSTRUCTIONS, ModelResponse, ToolSpec
+from loomflow.models.base import COMPACTION_INSTRUCTIONS, CallOptions, ModelResponse, ToolSpec
 from loomflow.schemas import Message, Role, ToolCall, Usage
 
 __all__ = ["Reply", "ScriptedModel"]
@@ -43,6 +44,8 @@ class ScriptedModel:
         self._latency = latency
         self._on_call = on_call
         self.calls: list[list[Message]] = []
+        #: the options each call got (None: called without)
+        self.options: list[CallOptions | None] = []
 
     @staticmethod
     def tool_call(name: str, /, **arguments: Any) -> Message:
@@ -50,9 +53,16 @@ class ScriptedModel:
         return Message.assistant(tool_calls=[ToolCall(id="", name=name, arguments=arguments)])
 
     async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        options: CallOptions | None = None,
     ) -> ModelResponse:
+        """The scripted reply. With ``options.on_delta`` its text is also streamed, a word
+        at a time; the reply is the same either way."""
         self.calls.append(list(messages))
+        self.options.append(options)
         if self._on_call is not None:
             outcome = self._on_call(messages)
             if asyncio.iscoroutine(outcome):
@@ -81,6 +91,9 @@ class ScriptedModel:
                     ]
                 }
             )
+        if options is not None and options.on_delta is not None:
+            for piece in re.findall(r"\S+\s*|\s+", message.content):
+                await options.on_delta(piece)
         return ModelResponse(message=message, usage=self._usage(messages, message))
 
     def _usage(self, messages: Sequence[Message], reply: Message) -> Usage:

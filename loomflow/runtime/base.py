@@ -123,6 +123,7 @@ class Runtime(Resource):
             except SequenceConflictError:
                 continue  # another writer opened the session between our read and write
             writer.next_seq += len(events)
+            writer.opened = events
             return writer
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"

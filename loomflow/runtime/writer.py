@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from loomflow.errors import (
@@ -50,6 +51,10 @@ class SessionWriter:
         self._in_doubt: list[Event] = []
         #: events sent without waiting for durability: the next append waits for them
         self._unacked: list[Event] = []
+        #: the events that claimed the session for this run (written by open_session)
+        self.opened: list[Event] = []
+        #: told of each batch once the store took it (a run's ``emit``)
+        self.observer: Callable[[list[Event]], Awaitable[None]] | None = None
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
         """Build the event that the next append (plus ``offset``) will write."""
@@ -124,6 +129,8 @@ class SessionWriter:
             self._unacked = []
             raise
         self._unacked = [] if durable else [*self._unacked, *batch]
+        if self.observer is not None:
+            await self.observer(batch)
 
     async def _resolve_doubt(self) -> None:
         batch = self._in_doubt

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,3 +61,5 @@ class RunResult(BaseModel):
     stop_reason: StopReason = "completed"
     parent_session_id: str | None = None
     parent_checkpoint_id: str | None = None
+    #: the final answer validated by the run's ``output_schema`` (None without one)
+    parsed: Any = None

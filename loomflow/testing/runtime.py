@@ -44,6 +44,7 @@ from loomflow.schemas import (
 )
 from loomflow.schemas.events import TurnAppendedPayload
 from loomflow.testing._support import Opened, Suite, opened_fixture, required_fixture
+from loomflow.testing.keywords import RunKeywords
 from loomflow.testing.scenario import (
     CALLS_PER_PASS,
     Payment,
@@ -95,7 +96,7 @@ def _follower(runtime: Runtime, reply: str = "ok") -> Agent:
     )
 
 
-class RuntimeConformance(Suite):
+class RuntimeConformance(RunKeywords, Suite):
     """Subclass in a test module and define the fixture ``open_runtime``: a callable that
     takes :class:`loomflow.runtime.Runtime`'s options and returns a new runtime on the
     test's storage, each seeing what the earlier ones wrote.

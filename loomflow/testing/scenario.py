@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from loomflow import Agent, Message, Role, SessionState, Tuning, current_journal
-from loomflow.models import ModelResponse, ScriptedModel, ToolSpec
+from loomflow.models import CallOptions, ModelResponse, ScriptedModel, ToolSpec
 from loomflow.runtime import Runtime
 
 __all__ = [
@@ -46,12 +46,16 @@ class CrashingModel:
         self.calls = 0
 
     async def complete(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        *,
+        options: CallOptions | None = None,
     ) -> ModelResponse:
         self.calls += 1
         if self.crash_at is not None and self.calls == self.crash_at:
             raise SimulatedCrash(f"died at model call {self.calls}")
-        return await self.inner.complete(messages, tools)
+        return await self.inner.complete(messages, tools, options=options)
 
 
 def research_script(passes: int = 3) -> list[Message | str]:

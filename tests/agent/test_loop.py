@@ -25,7 +25,7 @@ async def test_tool_errors_and_unknown_tools_go_back_to_the_model() -> None:
     tool_messages = [m for request in model.calls for m in request[-1:] if m.role.value == "tool"]
     assert [m.is_error for m in tool_messages] == [True, True, True]
     assert "RuntimeError: no 1" in tool_messages[0].content
-    assert "unknown tool 'missing'" in tool_messages[1].content
+    assert "tool 'missing' is not offered in this run" in tool_messages[1].content
     assert "invalid arguments" in tool_messages[2].content
     assert result.output == "gave up"
 
