@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, cast, get_type_hints, overload
 
+import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from typing_extensions import ParamSpec, TypeVar
 
@@ -21,32 +22,21 @@ __all__ = ["Tool", "as_tool"]
 P = ParamSpec("P", default=...)
 R = TypeVar("R", default=Any)
 
-_ARG_LINE = re.compile(r"^\s{0,8}(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.+)$")
-_SECTION = re.compile(r"^\s*(Args|Arguments|Parameters|Returns|Raises|Yields|Examples?)\s*:\s*$")
-
 
 def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
-    """Description (text before any section) and per-argument descriptions (Google style)."""
-    lines = inspect.cleandoc(doc).splitlines() if doc else []
-    description: list[str] = []
-    args: dict[str, str] = {}
-    section: str | None = None
-    current: str | None = None
-    for line in lines:
-        header = _SECTION.match(line)
-        if header:
-            section, current = header.group(1), None
-            continue
-        if section is None:
-            description.append(line)
-        elif section in ("Args", "Arguments", "Parameters"):
-            match = _ARG_LINE.match(line)
-            if match:
-                current = match.group(1).lstrip("*")
-                args[current] = match.group(2).strip()
-            elif current and line.strip():
-                args[current] += " " + line.strip()
-    return "\n".join(description).strip(), args
+    """Description and per-argument descriptions, from a Google, NumPy, reST or Epydoc
+    docstring (docstring_parser tells the style)."""
+    parsed = docstring_parser.parse(doc)
+    description = "\n\n".join(
+        part for part in (parsed.short_description, parsed.long_description) if part
+    )
+    # an argument's description wrapped over lines reads as one line in the schema
+    args = {
+        p.arg_name.lstrip("*"): " ".join(p.description.split())
+        for p in parsed.params
+        if p.description
+    }
+    return description, args
 
 
 def _strip_titles(schema: Any) -> Any:

@@ -59,3 +59,24 @@ def test_unusable_functions_are_refused() -> None:
         as_tool(lambda: None)
     with pytest.raises(TypeError):
         as_tool("search")  # type: ignore[call-overload]
+
+
+def numpy_style(city: str, year: int) -> str:
+    """Population of a city.
+
+    Parameters
+    ----------
+    city : str
+        the city's name
+    year : int
+        the census year
+    """
+    return city
+
+
+def test_numpy_style_docstrings_describe_arguments_too() -> None:
+    spec = as_tool(numpy_style).spec
+    assert spec.description == "Population of a city."
+    properties = spec.input_schema["properties"]
+    assert properties["city"]["description"] == "the city's name"
+    assert properties["year"]["description"] == "the census year"
