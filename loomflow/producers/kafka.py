@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.errors import KafkaError
+from aiokafka.errors import (
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+    KafkaError,
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+)
 from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow.errors import StoreError, StoreUnavailableError
@@ -18,13 +25,28 @@ from loomflow.schemas.events import MAX_EVENT_BYTES
 
 __all__ = ["EventProducer", "Position", "kafka_error"]
 
+logger = logging.getLogger("loomflow.producers")
+
 _partitioner = DefaultPartitioner()
+
+
+#: errors after which an idempotent producer stays broken (its sequence numbers no longer
+#: match the broker's, e.g. after a broker restart lost a batch in flight): the producer is
+#: replaced, and a write may be tried again with the new one (aiokafka issue #1017)
+_BROKEN_PRODUCER = (
+    OutOfOrderSequenceNumber,
+    UnknownProducerId,
+    InvalidProducerEpoch,
+    InvalidProducerIdMapping,
+)
 
 
 def kafka_error(message: str, exc: KafkaError) -> StoreError:
     """The StoreError for an aiokafka error: retriable when aiokafka says it is (a broker
-    away, a timeout, a leader moving), not when the request itself is wrong."""
-    cls = StoreUnavailableError if getattr(exc, "retriable", False) else StoreError
+    away, a timeout, a leader moving) or when a new producer will do, not when the request
+    itself is wrong."""
+    retriable = getattr(exc, "retriable", False) or isinstance(exc, _BROKEN_PRODUCER)
+    cls = StoreUnavailableError if retriable else StoreError
     return cls(f"{message}: {type(exc).__name__}: {exc}")
 
 
@@ -46,6 +68,7 @@ class EventProducer:
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
         self._partitions: dict[bytes, int] = {}
+        self._broken = False
 
     async def start(self) -> None:
         async with self._lock:
@@ -68,6 +91,10 @@ class EventProducer:
                 self._producer = None
 
     async def _ready(self) -> AIOKafkaProducer:
+        if self._broken:
+            self._broken = False
+            logger.warning("replacing the Kafka producer, whose state the broker refused")
+            await self.stop()
         if self._producer is None:
             await self.start()
         assert self._producer is not None
@@ -112,6 +139,7 @@ class EventProducer:
                 )
             return pending
         except KafkaError as exc:
+            self._broken = self._broken or isinstance(exc, _BROKEN_PRODUCER)
             raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
 
     async def acked(self, pending: Sequence[asyncio.Future[Any]]) -> list[Position]:
@@ -119,6 +147,7 @@ class EventProducer:
         try:
             records = [await future for future in pending]
         except KafkaError as exc:
+            self._broken = self._broken or isinstance(exc, _BROKEN_PRODUCER)
             raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
         return [Position(r.partition, r.offset) for r in records]
 
@@ -129,6 +158,7 @@ class EventProducer:
             pending = [await producer.send(topic, value=v, key=k) for k, v in records]
             await asyncio.gather(*pending)
         except KafkaError as exc:
+            self._broken = self._broken or isinstance(exc, _BROKEN_PRODUCER)
             raise kafka_error(f"writing to Kafka topic {topic} failed", exc) from exc
 
     async def send_raw(
@@ -143,5 +173,6 @@ class EventProducer:
         try:
             record = await (await producer.send(topic, value=value, key=key, headers=headers))
         except KafkaError as exc:
+            self._broken = self._broken or isinstance(exc, _BROKEN_PRODUCER)
             raise kafka_error(f"writing to Kafka topic {topic} failed", exc) from exc
         return Position(record.partition, record.offset)

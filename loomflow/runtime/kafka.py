@@ -562,6 +562,7 @@ class KafkaStore(EventStore):
         tp = TopicPartition(self.topics.events, partition)
         committed = since
         later: list[Event] = []
+        taken: set[int] = set()
         async with self._reader_lock:  # one consumer, assigned to one partition at a time
             reader = await self._reader()
             try:
@@ -579,7 +580,8 @@ class KafkaStore(EventStore):
                             event = decode_event(record.value or b"")
                         except InvalidEventError:
                             continue  # dead-lettered by the projector; never part of it
-                        if event.seq > after_seq:
+                        if event.seq > after_seq and event.seq not in taken:
+                            taken.add(event.seq)  # the first at a seq is what the fold keeps
                             later.append(event)
             except KafkaError as exc:
                 raise kafka_error(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from loomflow.errors import (
     InvalidEventError,
+    LoomflowError,
 )
 from loomflow.runtime.scope import Scope
 from loomflow.schemas import (
@@ -99,16 +100,18 @@ class SessionWriter:
         except InvalidEventError:
             raise
         except Exception as exc:
-            if not staged:
+            retriable = isinstance(exc, LoomflowError) and exc.retriable
+            if not staged and not retriable:
                 raise
             logger.warning(
-                "writing %s of %s failed (%s: %s); the run goes on without it",
-                " and ".join(e.type for e in staged),
+                "writing %s of %s failed (%s: %s); %s",
+                " and ".join(e.type for e in [*staged, cast(Event, event)]),
                 self.scope.describe(),
                 type(exc).__name__,
                 exc,
+                "trying once more" if retriable else "the run goes on without the checkpoint",
             )
-            await self._resolve_doubt()
+            await self._resolve_doubt()  # raises while the store is still away
             if self.next_seq > event.seq:
                 return event  # it landed after all
             event = self.make(cls, payload)

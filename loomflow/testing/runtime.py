@@ -28,6 +28,7 @@ from loomflow import (
 )
 from loomflow.errors import (
     SequenceConflictError,
+    StoreUnavailableError,
     SerializationError,
     SessionErasedError,
     StaleWriterError,
@@ -494,6 +495,37 @@ class RuntimeConformance(RunKeywords, Suite):
         events = await runtime.store.read_events(Scope("s1"))
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert failures[0] not in {e.event_id for e in events}
+
+    @pytest.mark.parametrize("lands", [False, True], ids=["lost", "landed"])
+    async def test_a_store_briefly_away_is_tried_once_more(
+        self, runtime: Runtime, lands: bool, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        failed: list[str] = []
+
+        async def away_once(write: Write, events: Sequence[Event]) -> None:
+            answer = any(isinstance(e, TurnAppended) and e.payload.model_call for e in events)
+            if answer and not failed:
+                failed.append(events[-1].event_id)
+                if lands:
+                    await write(events)
+                raise StoreUnavailableError("the server went away for a moment")
+            await write(events)
+
+        research = Research(passes=2)
+        with (
+            faulty(runtime.store, away_once),
+            caplog.at_level(logging.WARNING, logger="loomflow.runtime"),
+        ):
+            result = await research.agent(runtime).run("Research.", session_id="s1")
+        assert failed, "the fault was never injected"
+        assert result.turns == 6 and result.output.startswith("Pass 2:")
+        assert research.model_calls == 6  # the answer was recorded, not asked for again
+        assert any("trying once more" in r.getMessage() for r in caplog.records)
+        events = await runtime.store.read_events(Scope("s1"))
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        answers = [e for e in events if isinstance(e, TurnAppended) and e.payload.model_call]
+        assert len(answers) == 6  # the answer in doubt is in the log once
+        assert (failed[0] in {e.event_id for e in events}) is lands
 
     async def test_non_json_tool_result_is_a_typed_error_and_loses_nothing(
         self, new_runtime: Opened[Runtime]

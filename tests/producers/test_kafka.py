@@ -135,3 +135,28 @@ async def test_the_runtime_appends_with_acks_all_and_an_idempotent_producer(
 async def test_an_unreachable_broker_names_the_script() -> None:
     with pytest.raises(StoreError, match=r"dev/kafka\.sh start"):
         await ensure_topics("127.0.0.1:1", Topics(), timeout_ms=2000)
+
+
+async def test_a_producer_the_broker_lost_track_of_is_replaced(topics: Topics) -> None:
+    from aiokafka.errors import OutOfOrderSequenceNumber
+
+    from loomflow.errors import StoreUnavailableError
+
+    producer = EventProducer(kafka_bootstrap(), topics)
+    await producer.start()
+    try:
+        broken = producer._producer
+        assert broken is not None
+
+        async def refused(*args: Any, **kwargs: Any) -> Any:
+            raise OutOfOrderSequenceNumber()
+
+        broken.send = refused
+        event = RunStarted(session_id="s1", run_id=new_id("run"), seq=1, epoch=1)
+        with pytest.raises(StoreUnavailableError, match="OutOfOrderSequenceNumber"):
+            await producer.send([event])  # retriable: a new producer will do
+        positions = await producer.send([event])
+        assert producer._producer is not broken  # replaced, not left broken (aiokafka #1017)
+        assert len(positions) == 1
+    finally:
+        await producer.stop()
