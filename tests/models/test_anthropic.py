@@ -31,6 +31,8 @@ from tests.support.fake_anthropic import (
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+EPH = {"type": "ephemeral"}  # a 5-minute cache breakpoint
+
 WEATHER = ToolSpec(
     name="get_weather",
     description="Current weather for a city.",
@@ -67,9 +69,12 @@ async def clients() -> AsyncIterator[list[AnthropicModel]]:
 
 
 def model_for(
-    server: FakeAnthropicServer, clients: list[AnthropicModel], name: str = "claude-opus-4-7"
+    server: FakeAnthropicServer,
+    clients: list[AnthropicModel],
+    name: str = "claude-opus-4-7",
+    **kwargs: Any,
 ) -> AnthropicModel:
-    model = AnthropicModel(name, api_key="test-key", base_url=server.url)
+    model = AnthropicModel(name, api_key="test-key", base_url=server.url, **kwargs)
     clients.append(model)
     return model
 
@@ -90,7 +95,9 @@ async def test_text_reply(server: FakeAnthropicServer, clients: list[AnthropicMo
         {
             "model": "claude-opus-4-7",
             "max_tokens": 4096,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": EPH}]}
+            ],
         }
     ]
 
@@ -136,12 +143,15 @@ async def test_tool_use_round_trip(
     assert server.requests[1] == {
         "model": "claude-sonnet-4-6",
         "max_tokens": 512,
-        "system": "You are terse.\n\nUse tools for facts.",
+        "system": [
+            {"type": "text", "text": "You are terse.\n\nUse tools for facts.", "cache_control": EPH}
+        ],
         "tools": [
             {
                 "name": "get_weather",
                 "description": "Current weather for a city.",
                 "input_schema": WEATHER.input_schema,
+                "cache_control": EPH,
             }
         ],
         "messages": [
@@ -172,7 +182,7 @@ async def test_tool_use_round_trip(
                         "content": "missing city",
                         "is_error": True,
                     },
-                    {"type": "text", "text": "Be brief."},
+                    {"type": "text", "text": "Be brief.", "cache_control": EPH},
                 ],
             },
         ],
@@ -191,7 +201,7 @@ async def test_same_role_messages_merge_with_tool_results_first(
         Message.tool("toolu_9", "20C"),
     ]
 
-    await model_for(server, clients).complete(transcript, [])
+    await model_for(server, clients, cache=None).complete(transcript, [])
 
     assert server.requests[0]["messages"] == [
         {
