@@ -472,6 +472,7 @@ class AnthropicModel:
         validate.
         """
         import anthropic
+        import httpx2
 
         options = options or CallOptions()
         request, answer_tool = self._request(messages, tools, options)
@@ -482,6 +483,12 @@ class AnthropicModel:
                 reply = await self.client.messages.create(**request)
         except anthropic.APIError as exc:
             raise ModelError(_describe(self.name, exc)) from exc
+        except httpx2.TransportError as exc:
+            # The SDK wraps a failed connection, not one lost in the middle of a stream.
+            raise ModelError(
+                f"Anthropic model {self.name!r} failed (connection lost while streaming, "
+                f"{type(exc).__name__}): {exc}"
+            ) from exc
         return self._response(reply, answer_tool)
 
     # -- the request ------------------------------------------------------------------------
@@ -622,8 +629,10 @@ class AnthropicModel:
         self, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]] | None
     ) -> ApiMessage:
         failures = 0
+        finished = False
         async with self.client.messages.stream(**request) as stream:
             async for event in stream:
+                finished = event.type == "message_stop"
                 if on_delta is None or event.type != "content_block_delta":
                     continue
                 if event.delta.type != "text_delta":
@@ -639,6 +648,10 @@ class AnthropicModel:
                             exc_info=True,
                         )
             reply = await stream.get_final_message()
+        if not finished:
+            raise ModelError(
+                f"Anthropic model {self.name!r} failed: its stream ended before message_stop"
+            )
         if failures > 1:
             logger.warning("on_delta raised %d times in one call to %s", failures, self.name)
         return reply

@@ -1101,3 +1101,33 @@ async def test_a_resumed_session_sends_the_prefix_its_killed_run_sent(tmp_path: 
     assert turns[1]["content"][0] == THOUGHT
     assert turns[3]["content"][0] == REDACTED
     assert turns[0]["content"][0]["text"] == PROMPT
+
+
+@pytest.mark.parametrize(
+    ("error", "cut", "match"),
+    [
+        ({"type": "overloaded_error", "message": "Overloaded"}, False, "Overloaded"),
+        (None, True, "connection lost while streaming"),
+        (None, False, "ended before message_stop"),
+    ],
+    ids=["error event", "cut", "no message_stop"],
+)
+async def test_a_stream_that_breaks_off_is_a_model_error(
+    server: FakeAnthropicServer,
+    clients: list[AnthropicModel],
+    error: dict[str, Any] | None,
+    cut: bool,
+    match: str,
+) -> None:
+    respond_with(server, lambda body: text_response("one two three four"))
+    server.break_streams(5, error=error, cut=cut)  # after two of the four deltas
+    deltas: list[str] = []
+
+    async def on_delta(text: str) -> None:
+        deltas.append(text)
+
+    with pytest.raises(ModelError, match=match):
+        await model_for(server, clients).complete(
+            [Message.user("count")], [], options=CallOptions(on_delta=on_delta)
+        )
+    assert deltas == ["one ", "two "]

@@ -13,6 +13,7 @@ JSON, ``(status, json)`` for an error, or ``(status, json, headers)`` to add hea
 events, in the order the API sends them (``message_start``, ``ping``, per block
 ``content_block_start``/``_delta``/``_stop``, ``message_delta``, ``message_stop``), text,
 thinking and tool input cut into several deltas; see :func:`stream_events`.
+``server.break_streams(after, ...)`` ends streams early: an error event, a cut, or a clean end.
 ``server.gate_stream(event)`` makes a stream pause after its first text delta until the
 client sets ``event``, so a test can tell deltas arrive before the reply is whole.
 ``server.hold(predicate)`` makes matching requests hang (after they are
@@ -330,22 +331,36 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, reply)
 
     def _send_stream(self, reply: dict[str, Any]) -> None:
-        gate = self.server.fake._stream_gate
+        fake = self.server.fake
+        gate, breaking = fake._stream_gate, fake._stream_break
+        events = stream_events(reply)
+        cut = False
+        if breaking is not None:
+            after, error, cut = breaking
+            events = events[:after] + ([{"type": "error", "error": error}] if error else [])
+            cut = cut and error is None
         # The client may have been killed while its request was held.
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            # HTTP/1.1 chunks, as the API sends: a body cut short is then seen to be.
+            self.protocol_version = "HTTP/1.1"
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
             self.send_header("request-id", "req_fake")
             self.end_headers()
-            self.close_connection = True  # the end of the body is the end of the connection
-            for event in stream_events(reply):
-                self.wfile.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+            self.close_connection = True
+            for event in events:
+                data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
                 delta = event.get("delta", {})
                 if gate is not None and delta.get("type") == "text_delta":
-                    self.server.fake._gate_results.append(gate.wait(timeout=5.0))
+                    fake._gate_results.append(gate.wait(timeout=5.0))
                     gate = None
+            if not cut:
+                self.wfile.write(b"0\r\n\r\n")  # the last chunk
 
     def _send(
         self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
@@ -381,6 +396,7 @@ class FakeAnthropicServer:
         self._raw: list[bytes] = []
         self._headers: list[dict[str, str]] = []
         self._stream_gate: threading.Event | None = None
+        self._stream_break: tuple[int, dict[str, Any] | None, bool] | None = None
         self._gate_results: list[bool] = []
         self._hold: Callable[[dict[str, Any]], bool] | None = None
         self._release = threading.Event()
@@ -417,6 +433,15 @@ class FakeAnthropicServer:
         (False: it waited the 5 s out, so the client had not seen the first delta)."""
         with self._cond:
             return list(self._gate_results)
+
+    def break_streams(
+        self, after: int, *, error: dict[str, Any] | None = None, cut: bool = True
+    ) -> None:
+        """End each stream after its first ``after`` events: with an ``error`` event (the
+        API's ``{"type": ..., "message": ...}``), by closing the connection mid-body
+        (``cut``), or else as if it were whole."""
+        with self._cond:
+            self._stream_break = (after, error, cut)
 
     def gate_stream(self, event: threading.Event | None) -> None:
         """Pause each stream after its first text delta until ``event`` is set (at most 5 s)."""
