@@ -306,8 +306,12 @@ class _Converter:
         if len(messages) < known or not all(map(operator.is_, messages, self._seen)):
             self._reset()
             known = 0
-        for message in messages[known:]:
-            self._add(message)
+        try:
+            for message in messages[known:]:
+                self._add(message)
+        except BaseException:
+            self._reset()  # half a conversion is no base for the next call
+            raise
         self._seen.extend(messages[known:])
         api_messages = list(self._closed)
         if self._blocks:
@@ -330,11 +334,6 @@ class _Converter:
             self._closed.append(_turn(self._roles[-1], self._blocks[-1]))
         self._roles.append(role)
         self._blocks.append(blocks)
-
-
-def _to_api_messages(messages: Sequence[Message]) -> tuple[str | None, list[MessageParam]]:
-    """The ``system`` parameter and the ``messages`` list for a whole transcript."""
-    return _Converter().convert(messages)
 
 
 def _to_api_tool(tool: ToolSpec) -> ToolParam:

@@ -25,6 +25,7 @@ from loomflow.models.base import CallOptions, Effort, ToolSpec
 from loomflow.schemas import (
     Message,
     RedactedThinkingBlock,
+    Role,
     ThinkingBlock,
     ToolCall,
     Usage,
@@ -1131,3 +1132,20 @@ async def test_a_stream_that_breaks_off_is_a_model_error(
             [Message.user("count")], [], options=CallOptions(on_delta=on_delta)
         )
     assert deltas == ["one ", "two "]
+
+
+async def test_a_message_the_api_cannot_take_fails_the_call_and_nothing_else(
+    server: FakeAnthropicServer, clients: list[AnthropicModel]
+) -> None:
+    model = model_for(server, clients, cache=None)
+    first = [Message.user("one")]
+    await model.complete(first, [])
+
+    with pytest.raises(ModelError, match="tool_call_id"):
+        await model.complete([*first, Message.user("two"), Message(role=Role.TOOL)], [])
+    await model.complete([*first, Message.user("two")], [])
+
+    assert len(server.requests) == 2
+    assert server.requests[-1]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": t} for t in ("one", "two")]}
+    ]
