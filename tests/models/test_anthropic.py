@@ -22,14 +22,7 @@ from pydantic import BaseModel, Field
 from loomflow.errors import ModelError
 from loomflow.models.anthropic import AnthropicModel, CacheLifetime, Price, price_for
 from loomflow.models.base import CallOptions, Effort, ToolSpec
-from loomflow.schemas import (
-    Message,
-    RedactedThinkingBlock,
-    Role,
-    ThinkingBlock,
-    ToolCall,
-    Usage,
-)
+from loomflow.schemas import Message, RedactedThinkingBlock, Role, ThinkingBlock, ToolCall, Usage
 from tests.support.fake_anthropic import (
     FakeAnthropicServer,
     Responder,
