@@ -18,7 +18,15 @@ from loomflow.schemas.events import (
     TurnAppended,
 )
 from loomflow.schemas.ids import new_id, validate_id
-from loomflow.schemas.messages import Message, Role, ToolCall, Usage
+from loomflow.schemas.messages import (
+    Message,
+    RedactedThinkingBlock,
+    Role,
+    Thinking,
+    ThinkingBlock,
+    ToolCall,
+    Usage,
+)
 
 __all__ = [
     "Checkpoint",
@@ -28,6 +36,7 @@ __all__ = [
     "Event",
     "EventBase",
     "Message",
+    "RedactedThinkingBlock",
     "Role",
     "RunFailed",
     "RunFinished",
@@ -38,6 +47,8 @@ __all__ = [
     "SignalSent",
     "StepRecorded",
     "StopReason",
+    "Thinking",
+    "ThinkingBlock",
     "ToolCall",
     "TranscriptCompacted",
     "TurnAppended",

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["Message", "Role", "ToolCall", "Usage"]
+__all__ = [
+    "Message",
+    "RedactedThinkingBlock",
+    "Role",
+    "Thinking",
+    "ThinkingBlock",
+    "ToolCall",
+    "Usage",
+]
 
 
 class Role(StrEnum):
@@ -29,10 +37,40 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class ThinkingBlock(BaseModel):
+    """A block of the model's reasoning, kept so it can be sent back as the provider
+    requires: unmodified, signature included (Claude refuses a history whose thinking
+    does not verify)."""
+
+    # ``type`` has no default: a payload stored with ``exclude_defaults`` keeps it, and
+    # it is what tells the two kinds of block apart when they are read back.
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    type: Literal["thinking"]
+    thinking: str
+    signature: str
+
+
+class RedactedThinkingBlock(BaseModel):
+    """Reasoning the provider returned encrypted (``data`` is opaque); sent back unchanged."""
+
+    model_config = ConfigDict(frozen=True, defer_build=True)
+
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Thinking = Annotated[ThinkingBlock | RedactedThinkingBlock, Field(discriminator="type")]
+"""One block of an assistant message's reasoning, in either form."""
+
+
 class Message(BaseModel):
     """One message of a transcript.
 
     Tool results are ``role="tool"`` messages carrying the ``tool_call_id`` they answer.
+    ``thinking`` holds an assistant message's reasoning blocks in the order the model
+    produced them; it is left out of the JSON when empty, so a message without it
+    serialises (and hashes) as it did before the field existed.
     """
 
     model_config = ConfigDict(frozen=True, defer_build=True)
@@ -42,6 +80,7 @@ class Message(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
     is_error: bool = False
+    thinking: list[Thinking] = Field(default_factory=list, exclude_if=lambda blocks: not blocks)
 
     @classmethod
     def system(cls, content: str) -> Message:
@@ -52,8 +91,19 @@ class Message(BaseModel):
         return cls(role=Role.USER, content=content)
 
     @classmethod
-    def assistant(cls, content: str = "", tool_calls: list[ToolCall] | None = None) -> Message:
-        return cls(role=Role.ASSISTANT, content=content, tool_calls=tool_calls or [])
+    def assistant(
+        cls,
+        content: str = "",
+        tool_calls: list[ToolCall] | None = None,
+        *,
+        thinking: list[ThinkingBlock | RedactedThinkingBlock] | None = None,
+    ) -> Message:
+        return cls(
+            role=Role.ASSISTANT,
+            content=content,
+            tool_calls=tool_calls or [],
+            thinking=thinking or [],
+        )
 
     @classmethod
     def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> Message:

@@ -13,7 +13,16 @@ from loomflow.errors import (
     SerializationError,
     UnsafeDeserializationError,
 )
-from loomflow.schemas import Message, TurnAppended, Usage, new_id, validate_id
+from loomflow.schemas import (
+    Message,
+    RedactedThinkingBlock,
+    ThinkingBlock,
+    ToolCall,
+    TurnAppended,
+    Usage,
+    new_id,
+    validate_id,
+)
 from loomflow.schemas.codec import (
     decode_event,
     decode_value,
@@ -62,6 +71,40 @@ def test_events_round_trip_as_json() -> None:
     event = _event()
     assert decode_event(encode_event(event)) == event
     assert b'"type":"turn.appended"' in encode_event(event)
+
+
+# An assistant message as events carried it before messages had thinking blocks.
+_OLD_ASSISTANT = (
+    b'{"role":"assistant","content":"Checking.","tool_calls":[{"id":"toolu_1","name":"lookup",'
+    b'"arguments":{"topic":"kafka"}}],"tool_call_id":null,"is_error":false}'
+)
+
+
+def test_messages_without_thinking_serialise_as_before() -> None:
+    old = Message.model_validate_json(_OLD_ASSISTANT)
+
+    assert old.thinking == []
+    assert old.model_dump_json().encode() == _OLD_ASSISTANT
+    assert old == Message.assistant(
+        "Checking.", [ToolCall(id="toolu_1", name="lookup", arguments={"topic": "kafka"})]
+    )
+    assert "thinking" not in old.model_dump()
+
+
+def test_thinking_blocks_round_trip_in_events_and_stored_payloads() -> None:
+    thinking: list[ThinkingBlock | RedactedThinkingBlock] = [
+        ThinkingBlock(type="thinking", thinking="first, the log", signature="c2ln"),
+        RedactedThinkingBlock(type="redacted_thinking", data="ZW5j"),
+    ]
+    message = Message.assistant("Done.", thinking=thinking)
+    event = TurnAppended(
+        session_id="s", run_id="r", seq=1, epoch=1, payload={"messages": [message]}
+    )
+
+    assert decode_event(encode_event(event)) == event
+    # the SQL read models store payloads without their defaults: the kinds must survive
+    stored = event.payload.model_dump_json(exclude_defaults=True)
+    assert type(event.payload).model_validate_json(stored).messages[0].thinking == thinking
 
 
 @pytest.mark.parametrize(

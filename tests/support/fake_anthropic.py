@@ -9,9 +9,17 @@ In-process use::
 
 ``responder(body)`` gets each parsed ``POST /v1/messages`` body and returns the response
 JSON, ``(status, json)`` for an error, or ``(status, json, headers)`` to add headers such as
-``retry-after-ms``. ``server.hold(predicate)`` makes matching requests hang (after they are
+``retry-after-ms``. A request with ``"stream": true`` gets the same reply as server-sent
+events, in the order the API sends them (``message_start``, ``ping``, per block
+``content_block_start``/``_delta``/``_stop``, ``message_delta``, ``message_stop``), text,
+thinking and tool input cut into several deltas; see :func:`stream_events`.
+``server.break_streams(after, ...)`` ends streams early: an error event, a cut, or a clean end.
+``server.gate_stream(event)`` makes a stream pause after its first text delta until the
+client sets ``event``, so a test can tell deltas arrive before the reply is whole.
+``server.hold(predicate)`` makes matching requests hang (after they are
 recorded) until ``server.release()`` or the server closes, so a test can SIGKILL a client
 mid-request; ``server.wait_for_requests(n)`` tells it when the request has arrived.
+``server.raw_requests`` keeps each body's bytes as the client sent them.
 
 As a separate process::
 
@@ -34,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -48,8 +57,11 @@ __all__ = [
     "FakeAnthropicServer",
     "Responder",
     "error_response",
+    "redacted_thinking_block",
     "scripted_responder",
+    "stream_events",
     "text_response",
+    "thinking_block",
     "tool_use_response",
 ]
 
@@ -62,14 +74,35 @@ DEFAULT_MODEL = "claude-opus-4-7"
 
 
 def _usage(
-    input_tokens: int, output_tokens: int, cache_read: int, cache_write: int
+    input_tokens: int,
+    output_tokens: int,
+    cache_read: int,
+    cache_write: int,
+    cache_write_1h: int | None = None,
 ) -> dict[str, Any]:
-    return {
+    usage: dict[str, Any] = {
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "cache_read_input_tokens": cache_read,
         "cache_creation_input_tokens": cache_write,
     }
+    if cache_write_1h is not None:
+        # The API's breakdown of the writes by cache lifetime.
+        usage["cache_creation"] = {
+            "ephemeral_5m_input_tokens": cache_write - cache_write_1h,
+            "ephemeral_1h_input_tokens": cache_write_1h,
+        }
+    return usage
+
+
+def thinking_block(thinking: str, signature: str) -> dict[str, Any]:
+    """A ``thinking`` content block as the API returns it."""
+    return {"type": "thinking", "thinking": thinking, "signature": signature}
+
+
+def redacted_thinking_block(data: str) -> dict[str, Any]:
+    """A ``redacted_thinking`` content block (opaque ``data``) as the API returns it."""
+    return {"type": "redacted_thinking", "data": data}
 
 
 def _message(
@@ -90,18 +123,20 @@ def _message(
 def text_response(
     text: str,
     *,
+    thinking: Sequence[dict[str, Any]] = (),
     input_tokens: int = 10,
     output_tokens: int = 5,
     cache_read: int = 0,
     cache_write: int = 0,
+    cache_write_1h: int | None = None,
     model: str = DEFAULT_MODEL,
 ) -> dict[str, Any]:
-    """A Messages API reply consisting of one text block, ending the turn."""
+    """A Messages API reply of one text block (after any ``thinking`` blocks), ending the turn."""
     return _message(
-        [{"type": "text", "text": text}],
+        [*thinking, {"type": "text", "text": text}],
         "end_turn",
         model,
-        _usage(input_tokens, output_tokens, cache_read, cache_write),
+        _usage(input_tokens, output_tokens, cache_read, cache_write, cache_write_1h),
     )
 
 
@@ -111,12 +146,15 @@ def tool_use_response(
     *,
     id: str | None = None,
     text: str = "",
+    thinking: Sequence[dict[str, Any]] = (),
     input_tokens: int = 10,
     output_tokens: int = 5,
     model: str = DEFAULT_MODEL,
 ) -> dict[str, Any]:
-    """A Messages API reply asking for one tool call, optionally preceded by text."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+    """A Messages API reply asking for one tool call, optionally preceded by thinking and text."""
+    content: list[dict[str, Any]] = [*thinking]
+    if text:
+        content.append({"type": "text", "text": text})
     content.append(
         {
             "type": "tool_use",
@@ -138,6 +176,75 @@ def error_response(
         "request_id": f"req_{uuid.uuid4().hex[:24]}",
     }
     return status, body, dict(headers or {})
+
+
+def _pieces(text: str) -> list[str]:
+    """``text`` cut into words with their trailing spaces: several deltas, none empty."""
+    return re.findall(r"\s*\S+\s*", text) or ([text] if text else [])
+
+
+def _chunks(text: str, size: int = 8) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def stream_events(message: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The server-sent events the API streams for the reply ``message`` (a response object).
+
+    ``message_start`` carries the input and cache usage and one output token, as the API's
+    does; ``message_delta`` the stop reason and the final output count, so the stream adds
+    up to ``message``'s usage.
+    """
+    usage = dict(message["usage"])
+    events: list[dict[str, Any]] = [
+        {
+            "type": "message_start",
+            "message": {
+                **message,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {**usage, "output_tokens": 1},
+            },
+        },
+        {"type": "ping"},
+    ]
+    for index, block in enumerate(message["content"]):
+        kind = block["type"]
+        start: dict[str, Any]
+        deltas: list[dict[str, Any]] = []
+        if kind == "text":
+            start = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": piece} for piece in _pieces(block["text"])]
+        elif kind == "tool_use":
+            start = {**block, "input": {}}
+            deltas = [
+                {"type": "input_json_delta", "partial_json": piece}
+                for piece in _chunks(json.dumps(block["input"]))
+            ]
+        elif kind == "thinking":
+            start = {"type": "thinking", "thinking": "", "signature": ""}
+            deltas = [
+                {"type": "thinking_delta", "thinking": piece}
+                for piece in _pieces(block["thinking"])
+            ]
+            deltas.append({"type": "signature_delta", "signature": block["signature"]})
+        else:  # redacted_thinking and anything else arrive whole
+            start = dict(block)
+        events.append({"type": "content_block_start", "index": index, "content_block": start})
+        events.extend({"type": "content_block_delta", "index": index, "delta": d} for d in deltas)
+        events.append({"type": "content_block_stop", "index": index})
+    events.append(
+        {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": message.get("stop_reason"),
+                "stop_sequence": message.get("stop_sequence"),
+            },
+            "usage": {"output_tokens": usage["output_tokens"]},
+        }
+    )
+    events.append({"type": "message_stop"})
+    return events
 
 
 def _assistant_turns(body: Mapping[str, Any]) -> int:
@@ -197,8 +304,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*error_response(404, "not_found_error", f"no route {self.path}"))
             return
         length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length)
         try:
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = json.loads(raw or b"null")
         except ValueError:
             self._send(*error_response(400, "invalid_request_error", "body is not JSON"))
             return
@@ -206,7 +314,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(*error_response(400, "invalid_request_error", "body is not an object"))
             return
         headers = {key.lower(): value for key, value in self.headers.items()}
-        release = fake._record(body, headers)
+        release = fake._record(body, headers, raw)
         if release is not None:
             release.wait()
         try:
@@ -217,8 +325,42 @@ class _Handler(BaseHTTPRequestHandler):
             reply = error_response(500, "api_error", f"fake responder raised {exc!r}")
         if isinstance(reply, tuple):
             self._send(*reply)
+        elif body.get("stream"):
+            self._send_stream(reply)
         else:
             self._send(200, reply)
+
+    def _send_stream(self, reply: dict[str, Any]) -> None:
+        fake = self.server.fake
+        gate, breaking = fake._stream_gate, fake._stream_break
+        events = stream_events(reply)
+        cut = False
+        if breaking is not None:
+            after, error, cut = breaking
+            events = events[:after] + ([{"type": "error", "error": error}] if error else [])
+            cut = cut and error is None
+        # The client may have been killed while its request was held.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            # HTTP/1.1 chunks, as the API sends: a body cut short is then seen to be.
+            self.protocol_version = "HTTP/1.1"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.send_header("request-id", "req_fake")
+            self.end_headers()
+            self.close_connection = True
+            for event in events:
+                data = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                self.wfile.flush()
+                delta = event.get("delta", {})
+                if gate is not None and delta.get("type") == "text_delta":
+                    fake._gate_results.append(gate.wait(timeout=5.0))
+                    gate = None
+            if not cut:
+                self.wfile.write(b"0\r\n\r\n")  # the last chunk
 
     def _send(
         self, status: int, body: dict[str, Any], headers: Mapping[str, str] | None = None
@@ -251,7 +393,11 @@ class FakeAnthropicServer:
         self._log_path = Path(log_path) if log_path is not None else None
         self._cond = threading.Condition()
         self._requests: list[dict[str, Any]] = []
+        self._raw: list[bytes] = []
         self._headers: list[dict[str, str]] = []
+        self._stream_gate: threading.Event | None = None
+        self._stream_break: tuple[int, dict[str, Any] | None, bool] | None = None
+        self._gate_results: list[bool] = []
         self._hold: Callable[[dict[str, Any]], bool] | None = None
         self._release = threading.Event()
         self._httpd: _Server | None = None
@@ -274,6 +420,33 @@ class FakeAnthropicServer:
         """A snapshot of the request bodies received so far, oldest first."""
         with self._cond:
             return list(self._requests)
+
+    @property
+    def raw_requests(self) -> list[bytes]:
+        """The request bodies received so far as the client sent them, oldest first."""
+        with self._cond:
+            return list(self._raw)
+
+    @property
+    def gate_results(self) -> list[bool]:
+        """For each stream paused by :meth:`gate_stream`: whether the client opened the gate
+        (False: it waited the 5 s out, so the client had not seen the first delta)."""
+        with self._cond:
+            return list(self._gate_results)
+
+    def break_streams(
+        self, after: int, *, error: dict[str, Any] | None = None, cut: bool = True
+    ) -> None:
+        """End each stream after its first ``after`` events: with an ``error`` event (the
+        API's ``{"type": ..., "message": ...}``), by closing the connection mid-body
+        (``cut``), or else as if it were whole."""
+        with self._cond:
+            self._stream_break = (after, error, cut)
+
+    def gate_stream(self, event: threading.Event | None) -> None:
+        """Pause each stream after its first text delta until ``event`` is set (at most 5 s)."""
+        with self._cond:
+            self._stream_gate = event
 
     @property
     def headers(self) -> list[dict[str, str]]:
@@ -300,10 +473,13 @@ class FakeAnthropicServer:
             self._hold = None
             self._release.set()
 
-    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> threading.Event | None:
+    def _record(
+        self, body: dict[str, Any], headers: dict[str, str], raw: bytes
+    ) -> threading.Event | None:
         """Store a request; return the event to wait on if it must be held."""
         with self._cond:
             self._requests.append(body)
+            self._raw.append(raw)
             self._headers.append(headers)
             if self._log_path is not None:
                 with self._log_path.open("a", encoding="utf-8") as log:
