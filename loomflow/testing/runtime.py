@@ -21,6 +21,7 @@ from loomflow import (
     InvalidIdError,
     Message,
     Role,
+    RunResult,
     SessionState,
     Tuning,
     Usage,
@@ -28,10 +29,10 @@ from loomflow import (
 )
 from loomflow.errors import (
     SequenceConflictError,
-    StoreUnavailableError,
     SerializationError,
     SessionErasedError,
     StaleWriterError,
+    StoreUnavailableError,
     UnsafeDeserializationError,
 )
 from loomflow.models import ScriptedModel
@@ -82,6 +83,23 @@ def faulty(
 
 def _checkpoint_in(events: Sequence[Event]) -> str | None:
     return next((e.event_id for e in events if isinstance(e, CheckpointWritten)), None)
+
+
+async def _research_under(
+    runtime: Runtime,
+    fault: Callable[[Write, Sequence[Event]], Awaitable[None]],
+    caplog: pytest.LogCaptureFixture,
+    passes: int,
+) -> tuple[Research, RunResult]:
+    """Run the research on session s1 with every write of the store going through
+    ``fault``, capturing the runtime's warnings."""
+    research = Research(passes=passes)
+    with (
+        faulty(runtime.store, fault),
+        caplog.at_level(logging.WARNING, logger="loomflow.runtime"),
+    ):
+        result = await research.agent(runtime).run("Research.", session_id="s1")
+    return research, result
 
 
 async def _dies(research: Research, runtime: Runtime, at: int, *, checkpoint: bool = True) -> None:
@@ -439,12 +457,7 @@ class RuntimeConformance(RunKeywords, Suite):
                 raise OSError("disk full")
             await write(events)
 
-        research = Research(passes=2)
-        with (
-            faulty(runtime.store, disk_full),
-            caplog.at_level(logging.WARNING, logger="loomflow.runtime"),
-        ):
-            result = await research.agent(runtime).run("Research.", session_id="s1")
+        research, result = await _research_under(runtime, disk_full, caplog, passes=2)
         assert result.output.startswith("Pass 2:") and result.turns == 6
         warnings = [r.getMessage() for r in caplog.records]
         assert sum("checkpoint" in w and "disk full" in w for w in warnings) == 2
@@ -462,12 +475,7 @@ class RuntimeConformance(RunKeywords, Suite):
                 in_doubt.append(checkpoint)
                 raise TimeoutError("the write landed but its reply was lost")
 
-        research = Research(passes=3)
-        with (
-            faulty(runtime.store, lands_then_raises),
-            caplog.at_level(logging.WARNING, logger="loomflow.runtime"),
-        ):
-            result = await research.agent(runtime).run("Research.", session_id="s1")
+        research, result = await _research_under(runtime, lands_then_raises, caplog, passes=3)
         assert in_doubt, "the fault was never injected"
         assert result.output.startswith("Pass 3:") and result.turns == 9
         assert any("reply was lost" in r.getMessage() for r in caplog.records)
@@ -511,12 +519,7 @@ class RuntimeConformance(RunKeywords, Suite):
                 raise StoreUnavailableError("the server went away for a moment")
             await write(events)
 
-        research = Research(passes=2)
-        with (
-            faulty(runtime.store, away_once),
-            caplog.at_level(logging.WARNING, logger="loomflow.runtime"),
-        ):
-            result = await research.agent(runtime).run("Research.", session_id="s1")
+        research, result = await _research_under(runtime, away_once, caplog, passes=2)
         assert failed, "the fault was never injected"
         assert result.turns == 6 and result.output.startswith("Pass 2:")
         assert research.model_calls == 6  # the answer was recorded, not asked for again
