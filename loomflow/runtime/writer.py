@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -37,8 +38,15 @@ class SessionWriter:
     after the write reached the log, a connection lost before the commit's reply). Its
     events are then in doubt: before the next append the writer reads the session once
     to learn how many landed, and goes on after them, giving back the seqs of those that
-    did not. So an unknown outcome never turns into a taken seq or a gap.
+    did not. So an unknown outcome never turns into a taken seq or a gap. When the
+    failure is retriable (the store says it is briefly away), the writer does that at
+    once and writes again what did not land, with backoff, for up to ``retry_seconds``:
+    a run rides out a broker or database restart instead of failing.
     """
+
+    #: how long a write keeps trying while the store says it is briefly away (a broker or
+    #: database restarting); after that the run fails, and stays resumable
+    retry_seconds: float = 60.0
 
     def __init__(
         self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
@@ -95,28 +103,57 @@ class SessionWriter:
             await self._resolve_doubt()
         staged, self._staged = self._staged, []
         event = self.make(cls, payload)
-        try:
-            await self._append([*staged, cast(Event, event)], durable=durable)
-        except InvalidEventError:
-            raise
-        except Exception as exc:
-            retriable = isinstance(exc, LoomflowError) and exc.retriable
-            if not staged and not retriable:
+        batch = [*staged, cast(Event, event)]
+        give_up = asyncio.get_running_loop().time() + self.retry_seconds
+        failures = 0
+        while True:
+            try:
+                await self._append(batch, durable=durable)
+                return event
+            except InvalidEventError:
                 raise
-            logger.warning(
-                "writing %s of %s failed (%s: %s); %s",
-                " and ".join(e.type for e in [*staged, cast(Event, event)]),
-                self.scope.describe(),
-                type(exc).__name__,
-                exc,
-                "trying once more" if retriable else "the run goes on without the checkpoint",
-            )
-            await self._resolve_doubt()  # raises while the store is still away
+            except Exception as exc:
+                retriable = isinstance(exc, LoomflowError) and exc.retriable
+                if not retriable and (failures or not staged):
+                    raise
+                if retriable and asyncio.get_running_loop().time() >= give_up:
+                    raise
+                if not failures:
+                    logger.warning(
+                        "writing %s of %s failed (%s: %s); %s",
+                        " and ".join(e.type for e in batch),
+                        self.scope.describe(),
+                        type(exc).__name__,
+                        exc,
+                        f"trying again for up to {self.retry_seconds:.0f} s"
+                        if retriable
+                        else "the run goes on without the checkpoint",
+                    )
+                failures += 1
+                await self._recover(give_up)
             if self.next_seq > event.seq:
                 return event  # it landed after all
+            # what did not land is written again; a staged checkpoint is left out
             event = self.make(cls, payload)
-            await self._append([cast(Event, event)], durable=durable)
-        return event
+            batch = [cast(Event, event)]
+
+    async def _recover(self, give_up: float) -> None:
+        """Learn what the failed write left in the log, waiting (with backoff) while the
+        store is briefly away, until ``give_up``."""
+        loop = asyncio.get_running_loop()
+        delay = 0.05
+        while True:
+            try:
+                await self._resolve_doubt()
+                return
+            except InvalidEventError:
+                raise
+            except Exception as exc:
+                retriable = isinstance(exc, LoomflowError) and exc.retriable
+                if not retriable or loop.time() + delay >= give_up:
+                    raise
+            await asyncio.sleep(delay)  # backoff while a server restarts, not a wait for a result
+            delay = min(delay * 2, 2.0)
 
     async def _append(self, batch: list[Event], *, durable: bool = True) -> None:
         self.next_seq = batch[-1].seq + 1

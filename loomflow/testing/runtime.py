@@ -505,25 +505,29 @@ class RuntimeConformance(RunKeywords, Suite):
         assert failures[0] not in {e.event_id for e in events}
 
     @pytest.mark.parametrize("lands", [False, True], ids=["lost", "landed"])
-    async def test_a_store_briefly_away_is_tried_once_more(
-        self, runtime: Runtime, lands: bool, caplog: pytest.LogCaptureFixture
+    @pytest.mark.parametrize("outage", [1, 4], ids=["one-failure", "four-failures"])
+    async def test_a_write_to_a_store_briefly_away_is_tried_again(
+        self, runtime: Runtime, lands: bool, outage: int, caplog: pytest.LogCaptureFixture
     ) -> None:
         failed: list[str] = []
+        landed = False
 
-        async def away_once(write: Write, events: Sequence[Event]) -> None:
+        async def away_for_a_while(write: Write, events: Sequence[Event]) -> None:
+            nonlocal landed
             answer = any(isinstance(e, TurnAppended) and e.payload.model_call for e in events)
-            if answer and not failed:
+            if answer and len(failed) < outage:
                 failed.append(events[-1].event_id)
-                if lands:
-                    await write(events)
+                if lands and not landed:
+                    landed = True
+                    await write(events)  # the first attempt lands; its reply is lost
                 raise StoreUnavailableError("the server went away for a moment")
             await write(events)
 
-        research, result = await _research_under(runtime, away_once, caplog, passes=2)
-        assert failed, "the fault was never injected"
+        research, result = await _research_under(runtime, away_for_a_while, caplog, passes=2)
+        assert len(failed) == outage, "the fault was not injected as planned"
         assert result.turns == 6 and result.output.startswith("Pass 2:")
         assert research.model_calls == 6  # the answer was recorded, not asked for again
-        assert any("trying once more" in r.getMessage() for r in caplog.records)
+        assert any("trying again for up to" in r.getMessage() for r in caplog.records)
         events = await runtime.store.read_events(Scope("s1"))
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         answers = [e for e in events if isinstance(e, TurnAppended) and e.payload.model_call]

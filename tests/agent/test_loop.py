@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from loomflow import Agent, Message, SessionState, Tuning
@@ -98,3 +100,28 @@ async def test_empty_prompts_are_refused_before_anything_is_written() -> None:
     with pytest.raises(TypeError):
         await agent.run(None, session_id="s")  # type: ignore[arg-type]
     assert await runtime.store.session(Scope("s")) is None
+
+
+async def test_a_store_away_for_longer_than_the_retry_window_fails_the_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from loomflow.errors import StoreUnavailableError
+    from loomflow.runtime import SessionWriter
+
+    runtime = InProcRuntime()
+    agent = Agent("x", model=ScriptedModel(["a"]), runtime=runtime)
+    attempts = 0
+    real_append = runtime.store.append
+
+    async def away(events: Any) -> None:
+        nonlocal attempts
+        if any(getattr(e.payload, "model_call", False) for e in events):
+            attempts += 1
+            raise StoreUnavailableError("down for good")
+        await real_append(events)
+
+    monkeypatch.setattr(SessionWriter, "retry_seconds", 0.5)
+    monkeypatch.setattr(runtime.store, "append", away)
+    with pytest.raises(StoreUnavailableError, match="down for good"):
+        await agent.run("go", session_id="s1")
+    assert attempts >= 2  # tried again within the window, then gave up
