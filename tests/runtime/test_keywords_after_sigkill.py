@@ -3,9 +3,7 @@ resumes it with the same keywords: nothing recorded runs again, and the answer v
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ from loomflow.runtime import Scope
 from loomflow.schemas import RunStarted, new_id
 from tests.support.keywords_worker import OSLO, City, agent_on, keywords, runtime_of
 from tests.support.services import postgres_dsn
+from tests.support.waiting import kill_once_hanging
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,14 +43,7 @@ async def test_a_resume_after_sigkill_keeps_the_keywords_and_repeats_nothing(
             monkeypatch.setenv(name, env[name])
     # the 3rd model call asks for the answer again after the schema refused the first
     victim = _worker(kind, db, log, env)
-    try:
-        assert victim.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 60)
-        assert line.strip() == "HANGING", victim.stderr.read() if victim.stderr else ""
-    finally:
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=30)
-    assert victim.returncode == -signal.SIGKILL
+    await kill_once_hanging(victim)
     assert log.read_text().splitlines() == [
         "model 0",
         "tool Oslo for u1/acme",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
 from tests.support.scenario import Research
+from tests.support.waiting import kill_once_hanging
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,14 +40,7 @@ async def test_resume_after_sigkill_repeats_no_recorded_model_or_tool_call(tmp_p
     db, log = tmp_path / "journal.db", tmp_path / "calls.log"
     # the 8th model call is the note call of pass 3: pass 3's lookup has finished
     victim = _worker(db, "s1", log, "--hang-at", "8")
-    try:
-        assert victim.stdout is not None
-        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 60)
-        assert line.strip() == "HANGING", victim.stderr.read() if victim.stderr else ""
-    finally:
-        victim.send_signal(signal.SIGKILL)
-        victim.wait(timeout=30)
-    assert victim.returncode == -signal.SIGKILL
+    await kill_once_hanging(victim)
 
     runtime = SqliteRuntime(db)
     state = await runtime.restore(Scope("s1"))
