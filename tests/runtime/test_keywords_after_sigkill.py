@@ -12,6 +12,7 @@ import pytest
 
 from loomflow.runtime import Scope
 from loomflow.schemas import RunStarted, new_id
+from tests.support.kafka_env import KafkaEnv
 from tests.support.keywords_worker import OSLO, City, agent_on, keywords, runtime_of
 from tests.support.services import postgres_dsn
 from tests.support.waiting import kill_once_hanging
@@ -30,17 +31,30 @@ def _worker(kind: str, db: Path, log: Path, env: dict[str, str]) -> subprocess.P
     )
 
 
-@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("kafka", marks=[pytest.mark.kafka, pytest.mark.postgres]),
+    ],
+)
 async def test_a_resume_after_sigkill_keeps_the_keywords_and_repeats_nothing(
     tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db, log = tmp_path / "journal.db", tmp_path / "calls.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    kafka: KafkaEnv | None = None
     if kind == "postgres":
         schema = f"kw_{new_id('t').split('_')[-1].lower()}"
         env.update(LOOMFLOW_POSTGRES_DSN=postgres_dsn(), LOOMFLOW_SCHEMA=schema)
-        for name in ("LOOMFLOW_POSTGRES_DSN", "LOOMFLOW_SCHEMA"):
-            monkeypatch.setenv(name, env[name])
+    elif kind == "kafka":
+        kafka = await KafkaEnv.create()
+        await kafka.start_projector()
+        env.update(kafka.variables())
+    for name, value in env.items():
+        if name.startswith("LOOMFLOW_"):
+            monkeypatch.setenv(name, value)  # the resuming runtime reads them as the worker did
     # the 3rd model call asks for the answer again after the schema refused the first
     victim = _worker(kind, db, log, env)
     await kill_once_hanging(victim)
@@ -59,6 +73,8 @@ async def test_a_resume_after_sigkill_keeps_the_keywords_and_repeats_nothing(
         await runtime.close()
         if kind == "postgres":
             await _drop(env["LOOMFLOW_SCHEMA"])
+        if kafka is not None:
+            await kafka.close()
     assert result.parsed == City(name="Oslo", population=709000) and result.output == OSLO
     assert result.restored_turns == 2 and result.model_calls == 1
     # the tool ran once, in the killed process; the resume asked for the answer alone

@@ -1,8 +1,9 @@
 """An agent run with context, extra_tools and output_schema in its own process, for tests
 that SIGKILL it and resume with the same keywords.
 
-``python -m tests.support.keywords_worker sqlite|postgres DB SESSION LOG --hang-at N``:
-on ``SqliteRuntime(DB)``, or ``PostgresRuntime()`` configured by the LOOMFLOW_* variables.
+``python -m tests.support.keywords_worker sqlite|postgres|kafka DB SESSION LOG --hang-at N``:
+on ``SqliteRuntime(DB)``, or ``PostgresRuntime()`` / ``KafkaRuntime()`` configured by the
+LOOMFLOW_* variables alone, as a user's process would be.
 Every model and tool call is appended to LOG before it runs; the N-th model call prints
 ``HANGING`` and never returns.
 """
@@ -20,7 +21,7 @@ from pydantic import BaseModel
 
 from loomflow import Agent, Message, RunContext, Tuning, get_run_context
 from loomflow.models import ScriptedModel
-from loomflow.runtime import PostgresRuntime, Runtime, SqliteRuntime
+from loomflow.runtime import KafkaRuntime, PostgresRuntime, Runtime, SqliteRuntime
 
 CONTEXT = RunContext(user_id="u1", metadata={"tenant": "acme"})
 OSLO = '{"name": "Oslo", "population": 709000}'
@@ -53,6 +54,8 @@ def population_tool(log: Path) -> Any:
 
 
 def runtime_of(kind: str, db: str) -> Runtime:
+    if kind == "kafka":
+        return KafkaRuntime()
     return SqliteRuntime(db) if kind == "sqlite" else PostgresRuntime()
 
 
@@ -81,7 +84,7 @@ def keywords(log: Path) -> dict[str, Any]:
 
 async def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("sqlite", "postgres"))
+    parser.add_argument("kind", choices=("sqlite", "postgres", "kafka"))
     parser.add_argument("db")
     parser.add_argument("session")
     parser.add_argument("log", type=Path)
