@@ -134,14 +134,14 @@ def _run_processor(loglevel: str) -> int:
     import asyncio
 
     from loomflow.errors import StoreError
-    from loomflow.producers import Topics, ensure_topics
 
     settings = _settings()
     if settings is None:
         return 2
-    # the topics exist, with the log's configuration, before faust's agents subscribe
+    # the topics exist, with the log's configuration, before faust's agents subscribe; with
+    # automatic migration off, the schema and topics must be there already (loomflow setup)
     try:
-        asyncio.run(ensure_topics(settings.kafka_bootstrap, Topics.from_settings(settings)))
+        asyncio.run(_ready_to_project(settings))
     except StoreError as exc:
         print(f"loomflow processor: {exc}", file=sys.stderr)
         return 1
@@ -152,6 +152,18 @@ def _run_processor(loglevel: str) -> int:
     sys.argv = ["loomflow processor", "worker", "--without-web", "--loglevel", loglevel]
     app.main()
     return 0
+
+
+async def _ready_to_project(settings: Settings) -> None:
+    from loomflow.producers import Topics, ensure_topics
+
+    topics = Topics.from_settings(settings)
+    await ensure_topics(settings.kafka_bootstrap, topics, create=settings.auto_migrate)
+    if not settings.auto_migrate:
+        from loomflow.runtime import PostgresRuntime
+
+        async with PostgresRuntime(settings=settings):
+            pass  # opening checks the schema's version and says what to run
 
 
 def _run_rebuild(schema: str) -> int:

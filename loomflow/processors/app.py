@@ -73,10 +73,13 @@ def create_app(settings: Settings | None = None) -> faust.App:
         backoff = 0.5
         while not stopping.is_set():
             try:
-                await ensure_topics(bootstrap, topics)
+                await ensure_topics(bootstrap, topics, create=settings.auto_migrate)
                 await projector.start()
                 break
             except StoreError as exc:
+                if not exc.retriable:  # e.g. a schema at another version: waiting won't help
+                    logger.error("cannot start the projector: %s", exc)
+                    raise
                 logger.error("cannot start the projector (%s); retrying in %.0f s", exc, backoff)
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(stopping.wait(), backoff)

@@ -94,8 +94,14 @@ async def started(client: C, bootstrap: str) -> C:
     return client
 
 
-async def ensure_topics(bootstrap: str, topics: Topics, *, timeout_ms: int = 30_000) -> None:
-    """Create the topics if missing: the log kept forever, snapshots compacted, a DLQ."""
+async def ensure_topics(
+    bootstrap: str, topics: Topics, *, create: bool = True, timeout_ms: int = 30_000
+) -> None:
+    """Create the topics if missing: the log kept forever, snapshots compacted, a DLQ.
+
+    With ``create`` False (automatic migration off) a missing topic is an error that says
+    to run ``loomflow setup``, and nothing is created.
+    """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=timeout_ms)
     try:
         await admin.start()
@@ -115,6 +121,11 @@ async def ensure_topics(bootstrap: str, topics: Topics, *, timeout_ms: int = 30_
         ]
         existing = set(await admin.list_topics())
         missing = [t for t in wanted if t.name not in existing]
+        if missing and not create:
+            raise StoreError(
+                f"Kafka topics {', '.join(t.name for t in missing)} do not exist and automatic "
+                "migration is off (LOOMFLOW_AUTO_MIGRATE): run `loomflow setup` first"
+            )
         if missing:
             response = await admin.create_topics(missing, timeout_ms=timeout_ms)
             for name, code, *_ in response.topic_errors:

@@ -282,9 +282,9 @@ class KafkaStore(EventStore):
             if self._started:
                 return
             try:
-                await ensure_topics(self.bootstrap, self.topics)
+                await self._reads.open()  # connects, and migrates or checks the schema
+                await ensure_topics(self.bootstrap, self.topics, create=self.settings.auto_migrate)
                 await self._producer.start()
-                await self._reads.open()  # connects and migrates
                 await self._listener.start()
             except BaseException:
                 await self._release()

@@ -162,3 +162,47 @@ def test_loomflow_setup_creates_the_schema_and_topics_the_environment_names(
         assert f"schema {name!r} is at the current version" in capsys.readouterr().out
     finally:
         asyncio.run(drop())
+
+
+@pytest.mark.kafka
+def test_with_automatic_migration_off_kafka_processes_create_nothing_and_say_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from loomflow.cli import main
+    from loomflow.errors import StoreError
+    from loomflow.settings import Settings
+    from tests.support.services import kafka_bootstrap
+
+    name = f"nomig_{new_id('t').split('_')[-1].lower()}"
+    variables = {
+        "LOOMFLOW_KAFKA_BOOTSTRAP": kafka_bootstrap(),
+        "LOOMFLOW_POSTGRES_DSN": postgres_dsn(),
+        "LOOMFLOW_SCHEMA": name,
+        "LOOMFLOW_TOPIC_PREFIX": name,
+        "LOOMFLOW_PROCESSOR_ID": name,
+        "LOOMFLOW_AUTO_MIGRATE": "false",
+    }
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+
+    async def open_runtime() -> None:
+        async with KafkaRuntime(settings=Settings()):
+            pass
+
+    async def topics() -> set[str]:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
+        await admin.start()
+        try:
+            return {t for t in await admin.list_topics() if t.startswith(name)}
+        finally:
+            await admin.close()
+
+    with pytest.raises(StoreError, match="loomflow setup"):
+        asyncio.run(open_runtime())
+    assert main(["processor"]) == 1
+    assert "loomflow setup" in capsys.readouterr().err
+    assert asyncio.run(topics()) == set()  # neither of them created anything
