@@ -118,7 +118,6 @@ def test_loomflow_setup_creates_the_schema_and_topics_the_environment_names(
     import asyncio
 
     import asyncpg
-    from aiokafka.admin import AIOKafkaAdminClient
 
     from loomflow.cli import main
     from loomflow.projections.postgres import SCHEMA_VERSION, schema_version
@@ -137,14 +136,6 @@ def test_loomflow_setup_creates_the_schema_and_topics_the_environment_names(
         finally:
             await conn.close()
 
-    async def topics() -> set[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
-        await admin.start()
-        try:
-            return {t for t in await admin.list_topics() if t.startswith(name)}
-        finally:
-            await admin.close()
-
     async def drop() -> None:
         conn = await asyncpg.connect(postgres_dsn())
         await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
@@ -154,7 +145,7 @@ def test_loomflow_setup_creates_the_schema_and_topics_the_environment_names(
     try:
         assert main(["setup"]) == 0
         assert asyncio.run(version()) == SCHEMA_VERSION
-        assert asyncio.run(topics()) == {
+        assert asyncio.run(_topics_named(name)) == {
             f"{name}.events",
             f"{name}.snapshots",
             f"{name}.events.dlq",
@@ -169,8 +160,6 @@ def test_with_automatic_migration_off_kafka_processes_create_nothing_and_say_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import asyncio
-
-    from aiokafka.admin import AIOKafkaAdminClient
 
     from loomflow.cli import main
     from loomflow.errors import StoreError
@@ -193,16 +182,22 @@ def test_with_automatic_migration_off_kafka_processes_create_nothing_and_say_so(
         async with KafkaRuntime(settings=Settings()):
             pass
 
-    async def topics() -> set[str]:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
-        await admin.start()
-        try:
-            return {t for t in await admin.list_topics() if t.startswith(name)}
-        finally:
-            await admin.close()
-
     with pytest.raises(StoreError, match="loomflow setup"):
         asyncio.run(open_runtime())
     assert main(["processor"]) == 1
     assert "loomflow setup" in capsys.readouterr().err
-    assert asyncio.run(topics()) == set()  # neither of them created anything
+    assert asyncio.run(_topics_named(name)) == set()  # neither of them created anything
+
+
+async def _topics_named(prefix: str) -> set[str]:
+    """The broker's topics whose names start with ``prefix``."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from tests.support.services import kafka_bootstrap
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
+    await admin.start()
+    try:
+        return {t for t in await admin.list_topics() if t.startswith(prefix)}
+    finally:
+        await admin.close()
