@@ -80,7 +80,11 @@ async def test_a_resume_after_sigkill_keeps_the_keywords_and_repeats_nothing(
     # the tool ran once, in the killed process; the resume asked for the answer alone
     assert log.read_text().splitlines()[4:] == ["model 2"]
     resumed = [e for e in events if isinstance(e, RunStarted)][-1]
-    assert resumed.payload.mode == "resume" and resumed.payload.metadata == {"tenant": "acme"}
+    # on Kafka the last pass's checkpoint travels with the next prompt, which is sent without
+    # waiting for its acknowledgement (it is ours to send again): killed before the broker
+    # had it, the session has no checkpoint, and resume() falls back to run() on its log
+    modes = {"resume", "run"} if kind == "kafka" else {"resume"}
+    assert resumed.payload.mode in modes and resumed.payload.metadata == {"tenant": "acme"}
 
 
 async def _drop(schema: str) -> None:
