@@ -131,6 +131,9 @@ class SessionWriter:
                     )
                 failures += 1
                 await self._recover(give_up)
+            landed = [e for e in batch if e.seq < self.next_seq]
+            if landed and self.observer is not None:
+                await self.observer(landed)  # appended after all: observers hear of them too
             if self.next_seq > event.seq:
                 return event  # it landed after all
             # what did not land is written again; a staged checkpoint is left out

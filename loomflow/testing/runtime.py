@@ -40,6 +40,7 @@ from loomflow.runtime import EventStore, Journal, Runtime, Scope
 from loomflow.schemas import (
     CheckpointWritten,
     Event,
+    EventBase,
     StepRecorded,
     ToolCall,
     TurnAppended,
@@ -533,6 +534,29 @@ class RuntimeConformance(RunKeywords, Suite):
         answers = [e for e in events if isinstance(e, TurnAppended) and e.payload.model_call]
         assert len(answers) == 6  # the answer in doubt is in the log once
         assert (failed[0] in {e.event_id for e in events}) is lands
+
+    async def test_emit_hears_once_of_a_write_that_landed_in_doubt(self, runtime: Runtime) -> None:
+        heard: list[str] = []
+        doubted: list[str] = []
+
+        async def emit(item: object) -> None:
+            if isinstance(item, EventBase):
+                heard.append(item.event_id)
+
+        async def lands_then_raises(write: Write, events: Sequence[Event]) -> None:
+            await write(events)
+            answer = any(isinstance(e, TurnAppended) and e.payload.model_call for e in events)
+            if answer and not doubted:
+                doubted.append(events[-1].event_id)
+                raise StoreUnavailableError("the reply was lost")
+
+        research = Research(passes=1)
+        with faulty(runtime.store, lands_then_raises):
+            result = await research.agent(runtime).run("Research.", session_id="s1", emit=emit)
+        assert doubted, "the fault was never injected"
+        logged = [e.event_id for e in await runtime.store.read_events(Scope("s1"))]
+        assert heard == logged and heard.count(doubted[0]) == 1
+        assert result.turns == 3
 
     async def test_non_json_tool_result_is_a_typed_error_and_loses_nothing(
         self, new_runtime: Opened[Runtime]
