@@ -419,6 +419,7 @@ class _Run:
         if self._emit:
             writer.observer = self._observe
         self._calls_with_options = accepts_options(agent.model)
+        self._per_call = self._call_options()
         self.messages: list[Message] = list(restored.messages) if restored else []
         self.turns = restored.turns if restored else 0
         self.usage = restored.usage if restored else Usage()
@@ -512,7 +513,7 @@ class _Run:
         tools = [tool.spec for tool in self.tools.values()]
         digest = self._digest.copy()
         digest.update(orjson.dumps([self.agent.model.name, [t.name for t in tools]]))
-        options = self._call_options()
+        options = self._per_call
         if options:
             complete: Any = self.agent.model.complete  # an adapter that takes options
             response = await complete(list(self.messages), tools, options=options)
@@ -531,6 +532,8 @@ class _Run:
         )
 
     def _call_options(self) -> CallOptions | None:
+        """What every model call of this run is asked beyond the transcript: the same for
+        all of them, so built once (a pydantic JSON Schema costs about a millisecond)."""
         schema = self.options.output_schema
         options = CallOptions(
             effort=self.options.effort,
