@@ -34,7 +34,9 @@ class Settings(BaseSettings):
     ``LOOMFLOW_TOPIC_PARTITIONS``             partitions of topics this process creates
     ``LOOMFLOW_TOPIC_REPLICATION``            replication factor of topics it creates
     ``LOOMFLOW_PROCESSOR_ID``                 the processor's name; its projector commits
-                                              positions as ``<id>-projector``
+                                              positions as ``<id>-projector``, the audit
+                                              and analytics consumers as ``<id>-audit``
+                                              and ``<id>-analytics``
     ``LOOMFLOW_PROJECTION_TIMEOUT``           seconds a runtime waits for the projector
     ``LOOMFLOW_CONNECT_TIMEOUT``              seconds to wait for a connection
     ``LOOMFLOW_AUTO_MIGRATE``                 create and migrate the schema and topics on
@@ -103,6 +105,16 @@ class Settings(BaseSettings):
     def projector_group(self) -> str:
         """The consumer group (and positions key) of the processor's projector."""
         return f"{self.processor_id}-projector"
+
+    @property
+    def audit_group(self) -> str:
+        """The consumer group of ``loomflow audit`` (its positions in the log)."""
+        return f"{self.processor_id}-audit"
+
+    @property
+    def analytics_group(self) -> str:
+        """The consumer group (and faust app id) of ``loomflow analytics``."""
+        return f"{self.processor_id}-analytics"
 
     @property
     def events_topic(self) -> str:

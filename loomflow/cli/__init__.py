@@ -5,14 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib import metadata
+from importlib import import_module, metadata
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from loomflow.settings import Settings
 
-__all__ = ["WORKER_COMMAND", "main"]
+__all__ = ["WORKER_COMMAND", "CommandModule", "main"]
+
+
+class CommandModule(Protocol):
+    """A module of ``loomflow.cli`` that adds commands (see ``_MODULES``)."""
+
+    NAMES: tuple[str, ...]
+
+    def add_parser(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        """Add its commands, each with ``set_defaults(handler=...)``."""
 
 #: the hidden subcommand the demo starts its worker process with (kept out of --help)
 WORKER_COMMAND = "_demo-worker"
@@ -37,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
     # The metavar lists only public commands, so the worker stays out of --help.
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(
-        dest="command", required=True, metavar="{demo,processor,rebuild,setup}"
+        dest="command", required=True, metavar="{" + ",".join(_public_commands()) + "}"
     )
     demo = commands.add_parser(
         "demo",
@@ -102,12 +111,30 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the schema alone, for PostgresRuntime without Kafka",
     )
+    for module in _command_modules():
+        module.add_parser(commands)
     worker = commands.add_parser(WORKER_COMMAND)
     worker.add_argument("--db", type=Path, required=True)
     worker.add_argument("--session-id", required=True)
     worker.add_argument("--backend", choices=("scripted", "anthropic"), required=True)
     worker.add_argument("--model", required=True)
     return parser
+
+
+#: modules of the commands that read the log or a store: each has ``NAMES`` (the commands it
+#: adds), ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
+_MODULES: tuple[str, ...] = ()
+
+
+def _command_modules() -> list[CommandModule]:
+    return [import_module(f"loomflow.cli.{name}") for name in _MODULES]
+
+
+def _public_commands() -> list[str]:
+    names = ["demo", "processor", "rebuild", "setup"]
+    for module in _command_modules():
+        names.extend(module.NAMES)
+    return sorted(names)
 
 
 def _version() -> str:
@@ -252,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    handler = getattr(args, "handler", None)
+    if handler is not None:
+        return int(handler(args))
     if args.command == "demo":
         from loomflow.demo.view import run_demo
 
@@ -266,7 +296,3 @@ def _dispatch(args: argparse.Namespace) -> int:
     from loomflow.demo.scenario import run_worker
 
     return run_worker(args.db, args.session_id, args.backend, args.model)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
