@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Self
@@ -239,7 +240,11 @@ class Agent:
             options.context.user_id,
         )
         writer = await self.runtime.open_session(
-            scope, run_id=new_id("run"), mode="run", metadata=dict(options.context.metadata)
+            scope,
+            run_id=new_id("run"),
+            mode="run",
+            metadata=dict(options.context.metadata),
+            model=self.model.name,
         )
         restored = await self.runtime.restore(scope)
         return await _Run(self, writer, restored, options).drive(prompt)
@@ -304,6 +309,7 @@ class Agent:
             mode="resume",
             from_checkpoint=latest.checkpoint_id,
             metadata=dict(options.context.metadata),
+            model=self.model.name,
         )
         restored = await self.runtime.restore(scope)
         return await _Run(self, writer, restored, options).drive(text)
@@ -372,6 +378,7 @@ class Agent:
             mode="fork",
             from_checkpoint=checkpoint_id,
             metadata=dict(options.context.metadata),
+            model=self.model.name,
             fork=SessionForkedPayload(
                 parent_session_id=parent.session_id,
                 parent_checkpoint_id=checkpoint_id,
@@ -485,7 +492,11 @@ class _Run:
             await self.writer.emit(
                 RunFinished,
                 RunFinishedPayload(
-                    output=output, turns=self.turns, usage=self.usage, stop_reason=self.stop_reason
+                    output=output,
+                    turns=self.turns,
+                    usage=self.usage,
+                    stop_reason=self.stop_reason,
+                    model=self.agent.model.name,
                 ),
             )
         except BaseException as exc:
@@ -514,11 +525,13 @@ class _Run:
         digest = self._digest.copy()
         digest.update(orjson.dumps([self.agent.model.name, [t.name for t in tools]]))
         options = self._per_call
+        started = time.perf_counter()
         if options:
             complete: Any = self.agent.model.complete  # an adapter that takes options
             response = await complete(list(self.messages), tools, options=options)
         else:
             response = await self.agent.model.complete(list(self.messages), tools)
+        latency_ms = _elapsed_ms(started)
         self.turns += 1
         self.model_calls += 1
         self.usage = self.usage + response.usage
@@ -529,6 +542,8 @@ class _Run:
             model_call=True,
             step_key=f"model:{self.turns}",
             input_hash=digest.hexdigest()[:32],
+            model=self.agent.model.name,
+            latency_ms=latency_ms,
         )
 
     def _call_options(self) -> CallOptions | None:
@@ -714,9 +729,11 @@ class _Run:
         if not head:
             return
         transcript = "\n\n".join(_render(m) for m in head)
+        started = time.perf_counter()
         response = await self.agent.model.complete(
             [Message.system(COMPACTION_INSTRUCTIONS), Message.user(transcript)], []
         )
+        latency_ms = _elapsed_ms(started)
         self.model_calls += 1
         self.usage = self.usage + response.usage
         compacted = [
@@ -727,7 +744,11 @@ class _Run:
         await self.writer.emit(
             TranscriptCompacted,
             TranscriptCompactedPayload(
-                messages=compacted, usage=response.usage, replaced_messages=len(head)
+                messages=compacted,
+                usage=response.usage,
+                replaced_messages=len(head),
+                model=self.agent.model.name,
+                latency_ms=latency_ms,
             ),
         )
         self.messages = compacted
@@ -775,7 +796,12 @@ class _Run:
             return  # the session is no longer ours to write to
         try:
             await self.writer.emit(
-                RunFailed, RunFailedPayload(error_type=type(exc).__name__, error=str(exc)[:2000])
+                RunFailed,
+                RunFailedPayload(
+                    error_type=type(exc).__name__,
+                    error=str(exc)[:2000],
+                    model=self.agent.model.name,
+                ),
             )
         except BaseException as again:  # the store may be what failed
             logger.warning("could not record the failure of run %s: %s", self.writer.run_id, again)
@@ -805,6 +831,11 @@ class _Run:
             parent_session_id=parent.parent_session_id if parent else None,
             parent_checkpoint_id=parent.parent_checkpoint_id if parent else None,
         )
+
+
+def _elapsed_ms(started: float) -> float:
+    """Milliseconds since ``started`` (a ``perf_counter`` reading), to the microsecond."""
+    return round((time.perf_counter() - started) * 1000, 3)
 
 
 def _render(message: Message) -> str:

@@ -96,10 +96,13 @@ class Runtime(Resource):
         from_checkpoint: str | None = None,
         metadata: dict[str, Any] | None = None,
         fork: SessionForkedPayload | None = None,
+        model: str | None = None,
     ) -> SessionWriter:
-        """Claim the session for one writer (a new epoch) and record that a run started."""
+        """Claim the session for one writer (a new epoch) and record that a run started
+        (with the name of the ``model`` it calls, when given: analytics count runs per
+        model)."""
         started = RunStartedPayload(
-            mode=mode, from_checkpoint=from_checkpoint, metadata=metadata or {}
+            mode=mode, from_checkpoint=from_checkpoint, metadata=metadata or {}, model=model
         )
         for _ in range(8):
             row = await self._store.session(scope)

@@ -61,11 +61,23 @@ class EventBase(BaseModel):
 # --- payloads -------------------------------------------------------------------------
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
+def _optional(**constraints: Any) -> Any:
+    """An optional field left out of the JSON while unset: events written before it
+    existed decode as they did, and events that do not set it do not grow."""
+    return Field(default=None, exclude_if=_unset, **constraints)
+
+
 class RunStartedPayload(BaseModel):
     model_config = _FROZEN
     mode: Literal["run", "resume", "fork"] = "run"
     from_checkpoint: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: the name of the model the run's agent calls (None in events from before it was kept)
+    model: str | None = _optional()
 
 
 class RunFinishedPayload(BaseModel):
@@ -74,19 +86,23 @@ class RunFinishedPayload(BaseModel):
     turns: int
     usage: Usage
     stop_reason: str = "completed"
+    model: str | None = _optional()
 
 
 class RunFailedPayload(BaseModel):
     model_config = _FROZEN
     error_type: str
     error: str
+    model: str | None = _optional()
 
 
 class TurnAppendedPayload(BaseModel):
     """Messages a turn added to the transcript and what producing them cost.
 
     ``step_key``/``input_hash`` identify the model or tool call that produced them,
-    so auditors can see which call each message came from.
+    so auditors can see which call each message came from. A model call's turn also
+    names the ``model`` and its wall time, ``latency_ms`` (request to complete answer);
+    both are None, and absent from the JSON, on other turns and in older events.
     """
 
     model_config = _FROZEN
@@ -95,15 +111,22 @@ class TurnAppendedPayload(BaseModel):
     model_call: bool = False
     step_key: str | None = None
     input_hash: str | None = None
+    model: str | None = _optional()
+    latency_ms: float | None = _optional(ge=0, allow_inf_nan=False)
 
 
 class TranscriptCompactedPayload(BaseModel):
-    """The whole transcript after auto-compaction: a new base for later turns."""
+    """The whole transcript after auto-compaction: a new base for later turns.
+
+    ``usage``, ``model`` and ``latency_ms`` are those of the model call that summarised.
+    """
 
     model_config = _FROZEN
     messages: list[Message]
     usage: Usage = Field(default_factory=Usage)
     replaced_messages: int
+    model: str | None = _optional()
+    latency_ms: float | None = _optional(ge=0, allow_inf_nan=False)
 
 
 class StepRecordedPayload(BaseModel):

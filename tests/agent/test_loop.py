@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from loomflow import Agent, Message, SessionState, Tuning
 from loomflow.models import AnthropicModel, ScriptedModel
-from loomflow.runtime import InProcRuntime, Scope
+from loomflow.runtime import InProcRuntime, Scope, SqliteRuntime
+from loomflow.schemas import RunFinished, RunStarted, TurnAppended
 
 
 def boom(x: int) -> int:
@@ -125,3 +128,30 @@ async def test_a_store_away_for_longer_than_the_retry_window_fails_the_run(
     with pytest.raises(StoreUnavailableError, match="down for good"):
         await agent.run("go", session_id="s1")
     assert attempts >= 2  # tried again within the window, then gave up
+
+
+async def test_model_turns_record_their_model_and_wall_time_and_tool_turns_stay_small(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedModel(
+        [ScriptedModel.tool_call("boom", x=1), "done"], name="scripted-slow", latency=0.05
+    )
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    try:
+        await Agent("x", model=model, runtime=runtime, tools=[boom]).run("go", session_id="s")
+        events = await runtime.store.read_events(Scope("s"))
+    finally:
+        await runtime.close()
+    turns = [e for e in events if isinstance(e, TurnAppended)]
+    calls = [t.payload for t in turns if t.payload.model_call]
+    assert [c.model for c in calls] == ["scripted-slow", "scripted-slow"]
+    assert all(c.latency_ms is not None and 50 <= c.latency_ms < 5_000 for c in calls)
+    others = [t.payload for t in turns if not t.payload.model_call]
+    assert others and all(p.model is None and p.latency_ms is None for p in others)
+    runs = [e.payload for e in events if isinstance(e, RunStarted | RunFinished)]
+    assert [r.model for r in runs] == ["scripted-slow", "scripted-slow"]
+    # unset, the fields stay out of the stored JSON: a tool turn is no bigger than before
+    with sqlite3.connect(tmp_path / "journal.db") as conn:
+        stored = [p for (p,) in conn.execute("SELECT payload FROM loomflow_events")]
+    assert sum("latency_ms" in p for p in stored) == 2
+    assert not any('"model":null' in p or '"latency_ms":null' in p for p in stored)
