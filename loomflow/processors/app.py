@@ -5,7 +5,8 @@ Run it with ``loomflow processor`` or ``faust -A loomflow.processors.app worker
 :class:`loomflow.settings.Settings` (the ``LOOMFLOW_*`` environment), read the same way as
 by ``KafkaRuntime``, so both meet on the same topics and group with no options at all.
 The projection's hot path is a batch consumer in an ``app.task`` (see projector.py);
-faust's agents do what they are good at: tables.
+faust's agents do what they are good at: tables. Analytics is an app of its own, with its
+own consumer group (``analytics_app.py``, ``loomflow analytics``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import faust
 
 from loomflow.errors import StoreError
-from loomflow.processors.analytics import run_transition, usage_delta
+from loomflow.processors.analytics import run_transition
 from loomflow.processors.projector import Projector, tune_gc
 from loomflow.producers import Topics, ensure_topics
 from loomflow.settings import Settings
@@ -56,7 +57,6 @@ def create_app(settings: Settings | None = None) -> faust.App:
     )
     events = app.topic(topics.events, key_type=bytes, value_type=bytes)
     # keyed like the log (by session scope), so each worker updates the keys it owns
-    usage = app.Table("usage-by-session", default=float, partitions=topics.partitions)
     running = app.Table("runs-in-flight", default=bool, partitions=topics.partitions)
     projector = Projector(settings)
 
@@ -92,13 +92,6 @@ def create_app(settings: Settings | None = None) -> faust.App:
             await projector.run(stopping)
         finally:
             await projector.stop()
-
-    @app.agent(events)
-    async def analytics(stream: faust.StreamT[bytes]) -> None:
-        async for raw in stream:
-            delta = usage_delta(raw)
-            if delta is not None:
-                usage[delta.scope] += delta.cost_usd
 
     @app.agent(events)
     async def crash_watch(stream: faust.StreamT[bytes]) -> None:
