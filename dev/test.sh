@@ -13,4 +13,6 @@ if [[ -z "${LOOMFLOW_KAFKA_BOOTSTRAP:-}" || -z "${LOOMFLOW_POSTGRES_DSN:-}" ]]; 
     eval "$(grep '^export ' <<<"$exports")"
   fi
 fi
+# the report test opens the HTML report in Debian's chromium (installed when missing)
+dev/chromium.sh >/dev/null
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,303 @@
+"""``loomflow stats``, ``loomflow report`` and ``loomflow analytics``.
+
+``stats`` and ``report`` read the analytics tables: with ``--db`` the embedded ones beside
+a SQLite journal (brought up to date first), otherwise the Kafka tables that ``loomflow
+analytics`` keeps. A period with no runs is not an error: ``stats`` says "no runs since …"
+and exits 0, ``report`` writes a page that says so and exits 0. Heavy modules (rich,
+plotly, aiokafka, faust) load in the handlers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from loomflow.processors.analytics import Counters, Stats
+
+__all__ = ["NAMES", "add_parser", "parse_since"]
+
+NAMES = ("stats", "report", "analytics")
+
+_AGE = re.compile(r"(\d+)\s*(m|min|h|d|w)")
+_UNITS = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+
+
+def parse_since(text: str, *, now: datetime | None = None) -> datetime:
+    """An ISO date or time (UTC unless it says otherwise) or an age: 90m, 24h, 7d, 2w."""
+    age = _AGE.fullmatch(text.strip())
+    if age:
+        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[age[2]]: int(age[1])})
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a date or time (2026-12-01, 2026-12-01T09:00) nor an age "
+            "(90m, 24h, 7d, 2w)"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    where = (
+        "With --db, the tables beside that SQLite journal (JOURNAL.stats.db, or --stats-db), "
+        "brought up to date with its log first; without, the Kafka tables that `loomflow "
+        "analytics` keeps, found through the LOOMFLOW_* settings."
+    )
+    stats = commands.add_parser(
+        "stats",
+        help="runs, turns, tool calls, tokens, cost and model latency, per model, user or hour",
+        description="Print the analytics tables: runs started, finished and failed, model "
+        "turns, tool calls per tool, input / cached / cache-write / output tokens, cost and "
+        f"model-call latency p50/p95. {where}",
+    )
+    _source_options(stats)
+    stats.add_argument(
+        "--by",
+        choices=("model", "user", "hour"),
+        default="model",
+        help="one row per model, user or UTC hour (default: %(default)s)",
+    )
+    stats.add_argument(
+        "--json", action="store_true", help="print the rows and totals as JSON instead"
+    )
+    stats.set_defaults(handler=_stats)
+
+    report = commands.add_parser(
+        "report",
+        help="write the analytics as one self-contained HTML page with charts",
+        description="Write one HTML page (no network needed to open it): cost and tokens "
+        "over time, per model and per user, tool calls and the slowest sessions. A period "
+        f"with no runs gets a page that says so. {where}",
+    )
+    report.add_argument("--html", type=Path, required=True, metavar="PATH", help="page to write")
+    _source_options(report)
+    report.set_defaults(handler=_report)
+
+    analytics = commands.add_parser(
+        "analytics",
+        help="keep the analytics tables of the Kafka log (a faust-streaming worker)",
+        description="Consume loomflow.events in its own consumer group (<processor id>"
+        "-analytics) and keep the tables `loomflow stats` and `loomflow report` read, in a "
+        "compacted changelog topic. Configured by the LOOMFLOW_* environment, like "
+        "`loomflow processor`.",
+    )
+    analytics.add_argument(
+        "--loglevel",
+        default="info",
+        choices=("crit", "error", "warn", "info", "debug"),
+        help="(default: %(default)s)",
+    )
+    analytics.set_defaults(handler=_analytics)
+
+
+def _source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db", type=Path, metavar="PATH", help="a SQLite journal (what SqliteRuntime writes)"
+    )
+    parser.add_argument(
+        "--stats-db",
+        type=Path,
+        metavar="PATH",
+        help="where the journal's tables are kept (default: JOURNAL.stats.db beside it)",
+    )
+    parser.add_argument(
+        "--since",
+        type=parse_since,
+        metavar="WHEN",
+        help="only hours from WHEN on: a date or time (2026-12-01, 2026-12-01T09:00, UTC "
+        "unless an offset is given) or an age (90m, 24h, 7d, 2w)",
+    )
+
+
+def _load(args: argparse.Namespace, command: str) -> Stats | None:
+    """The tables, cut at --since; None after printing why they cannot be read."""
+    import asyncio
+
+    from loomflow.errors import LoomflowError
+
+    if args.stats_db is not None and args.db is None:
+        print(f"loomflow {command}: --stats-db needs --db (the journal)", file=sys.stderr)
+        return None
+    try:
+        if args.db is not None:
+            from loomflow.processors import stats_db
+
+            progress = asyncio.run(stats_db.update(args.db, args.stats_db))
+            if progress.skipped:
+                print(
+                    f"loomflow {command}: {progress.skipped} of {progress.records} new log "
+                    "records were not counted (see the warnings above)",
+                    file=sys.stderr,
+                )
+            stats = stats_db.load(
+                args.stats_db or stats_db.stats_path(args.db), source=f"journal {args.db}"
+            )
+        else:
+            from loomflow.cli import _settings
+            from loomflow.processors.analytics_app import lag, read_stats
+
+            settings = _settings()
+            if settings is None:
+                return None
+            stats = asyncio.run(read_stats(settings))
+            behind = asyncio.run(lag(settings))
+            if behind:
+                print(
+                    f"loomflow {command}: group {settings.analytics_group} has {behind} "
+                    f"records of {settings.events_topic} left to count",
+                    file=sys.stderr,
+                )
+    except LoomflowError as exc:
+        print(f"loomflow {command}: {exc}", file=sys.stderr)
+        return None
+    return stats.since(args.since)
+
+
+def _period(args: argparse.Namespace) -> str:
+    since: datetime | None = args.since
+    return f"since {since.isoformat(timespec='minutes')}" if since else "yet"
+
+
+def _stats(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    stats = _load(args, "stats")
+    if stats is None:
+        return 1
+    if args.json:
+        import orjson
+
+        print(orjson.dumps(_as_json(stats, args.by), option=orjson.OPT_INDENT_2).decode())
+        return 0
+    if stats.empty:
+        print(f"no runs {_period(args)} in {stats.source}")
+        return 0
+    _print_tables(stats, args.by)
+    return 0
+
+
+def _as_json(stats: Stats, by: str) -> dict[str, Any]:
+    def row(counters: Counters) -> dict[str, Any]:
+        data = counters.to_json()
+        del data["latency"]
+        data.update(
+            tool_calls=counters.tool_calls,
+            latency_p50_ms=counters.latency.quantile(0.5),
+            latency_p95_ms=counters.latency.quantile(0.95),
+        )
+        return data
+
+    return {
+        "source": stats.source,
+        "by": by,
+        "rows": [{by: label, **row(c)} for label, c in stats.by(by)],  # type: ignore[arg-type]
+        "totals": row(stats.totals()),
+        "skipped": dict(stats.skipped),
+    }
+
+
+def _print_tables(stats: Stats, by: str) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    # a pipe or a file gets every column, not 80 characters' worth
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    table = Table(
+        title=f"per {by} · {stats.source}",
+        box=box.SIMPLE_HEAD,
+        show_footer=True,
+        title_justify="left",
+    )
+    total = stats.totals()
+    columns: list[tuple[str, Any]] = [
+        ("runs", lambda c: f"{c.runs_started:,}"),
+        ("finished", lambda c: f"{c.runs_finished:,}"),
+        ("failed", lambda c: f"{c.runs_failed:,}"),
+        ("turns", lambda c: f"{c.turns:,}"),
+        ("tool calls", lambda c: f"{c.tool_calls:,}"),
+        ("input", lambda c: f"{c.input_tokens:,}"),
+        ("cached", lambda c: f"{c.cached_input_tokens:,}"),
+        ("cache write", lambda c: f"{c.cache_write_tokens:,}"),
+        ("output", lambda c: f"{c.output_tokens:,}"),
+        ("cost $", lambda c: f"{c.cost_usd:,.6f}"),
+        ("p50 ms", lambda c: _ms(c.latency.quantile(0.5))),
+        ("p95 ms", lambda c: _ms(c.latency.quantile(0.95))),
+    ]
+    table.add_column(by, footer="total", no_wrap=True)
+    for name, cell in columns:
+        table.add_column(name, footer=cell(total), justify="right", no_wrap=True)
+    for label, counters in stats.by(by):  # type: ignore[arg-type]
+        table.add_row(label, *(cell(counters) for _, cell in columns))
+    console.print(table)
+    if total.tools:
+        tools = Table(box=box.SIMPLE_HEAD)
+        tools.add_column("tool")
+        tools.add_column("tool calls", justify="right")
+        for name, calls in sorted(total.tools.items(), key=lambda kv: (-kv[1], kv[0])):
+            tools.add_row(name, f"{calls:,}")
+        console.print(tools)
+    if stats.skipped:
+        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(stats.skipped.items()))
+        console.print(f"records not counted: {skipped}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _report(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    from loomflow.processors.report import write_report
+
+    stats = _load(args, "report")
+    if stats is None:
+        return 1
+    try:
+        write_report(args.html, stats, since=args.since)
+    except OSError as exc:
+        print(f"loomflow report: cannot write {args.html}: {exc}", file=sys.stderr)
+        return 1
+    if stats.empty:
+        print(f"no runs {_period(args)} in {stats.source}; wrote {args.html}, which says so")
+    else:
+        print(f"wrote {args.html}: {len(stats.rows)} rows, {len(stats.sessions)} sessions")
+    return 0
+
+
+def _analytics(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from loomflow.cli import _settings
+    from loomflow.errors import StoreError
+    from loomflow.producers import Topics, ensure_topics
+
+    settings = _settings()
+    if settings is None:
+        return 2
+    try:  # the events topic exists before faust subscribes (a faust app without it fails)
+        asyncio.run(
+            ensure_topics(
+                settings.kafka_bootstrap,
+                Topics.from_settings(settings),
+                create=settings.auto_migrate,
+            )
+        )
+    except StoreError as exc:
+        print(f"loomflow analytics: {exc}", file=sys.stderr)
+        return 1
+    from loomflow.processors.analytics_app import create_app
+
+    app = create_app(settings)
+    # faust's worker reads its own command line; no web server, whatever faust defaults to
+    sys.argv = ["loomflow analytics", "worker", "--without-web", "--loglevel", args.loglevel]
+    app.main()
+    return 0

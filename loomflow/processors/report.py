@@ -1,0 +1,202 @@
+"""``loomflow report``: one self-contained HTML page of the analytics tables.
+
+The charts are plotly figures; the page inlines plotly.js once (``include_plotlyjs=True``
+on the first figure) and loads nothing else, so it opens offline, from a file or a mail
+attachment. Needs the ``[report]`` extra.
+"""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from loomflow.processors.analytics import Counters, Stats, parse_hour
+from loomflow.schemas.clock import utcnow
+
+__all__ = ["render_report", "write_report"]
+
+_TOKEN_KINDS = (
+    ("input_tokens", "input"),
+    ("cached_input_tokens", "cached"),
+    ("cache_write_tokens", "cache write"),
+    ("output_tokens", "output"),
+)
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px;
+       color: #1f2933; background: #ffffff; }
+h1 { font-size: 1.6rem; margin-bottom: .2rem; }
+.meta { color: #52606d; margin-top: 0; }
+.totals { display: flex; flex-wrap: wrap; gap: .8rem; margin: 1.2rem 0; }
+.totals div { background: #f0f4f8; border-radius: 6px; padding: .5rem .9rem; }
+.totals b { display: block; font-size: 1.2rem; }
+.chart { height: 380px; margin: 1.5rem 0; }
+table { border-collapse: collapse; width: 100%; margin: 1rem 0 2rem; }
+th, td { border-bottom: 1px solid #d9e2ec; padding: .35rem .6rem; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+#slowest-sessions td:nth-child(2), #slowest-sessions th:nth-child(2) { text-align: left; }
+.empty { font-size: 1.2rem; padding: 2rem; background: #fff8e1; border-radius: 6px; }
+"""
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _totals(total: Counters) -> str:
+    cells = [
+        ("runs started", f"{total.runs_started:,}"),
+        ("finished", f"{total.runs_finished:,}"),
+        ("failed", f"{total.runs_failed:,}"),
+        ("model turns", f"{total.turns:,}"),
+        ("tool calls", f"{total.tool_calls:,}"),
+        ("tokens", f"{total.tokens:,}"),
+        ("cost", f"${total.cost_usd:,.4f}"),
+        ("latency p50", f"{_ms(total.latency.quantile(0.5))} ms"),
+        ("latency p95", f"{_ms(total.latency.quantile(0.95))} ms"),
+    ]
+    return (
+        '<div class="totals">'
+        + "".join(f"<div><b>{html.escape(v)}</b>{html.escape(k)}</div>" for k, v in cells)
+        + "</div>"
+    )
+
+
+def _layout(figure: go.Figure, title: str, y: str) -> go.Figure:
+    figure.update_layout(
+        title=title,
+        barmode="stack",
+        yaxis_title=y,
+        margin={"l": 60, "r": 20, "t": 50, "b": 50},
+        plot_bgcolor="#ffffff",
+        paper_bgcolor="#ffffff",
+        legend={"orientation": "h", "y": -0.2},
+    )
+    figure.update_yaxes(gridcolor="#e4e7eb")
+    return figure
+
+
+def _figures(stats: Stats) -> list[tuple[str, go.Figure]]:
+    per_hour_model = stats.by_hour_and("model")
+    hours = [parse_hour(h) for h in per_hour_model]
+    models = sorted({m for cell in per_hour_model.values() for m in cell})
+    cost_time = go.Figure(
+        [
+            go.Bar(
+                name=model,
+                x=hours,
+                y=[
+                    cell[model].cost_usd if model in cell else 0.0
+                    for cell in per_hour_model.values()
+                ],
+            )
+            for model in models
+        ]
+    )
+    by_hour = stats.by("hour")
+    tokens_time = go.Figure(
+        [
+            go.Bar(
+                name=label,
+                x=[parse_hour(h) for h, _ in by_hour],
+                y=[getattr(c, attr) for _, c in by_hour],
+            )
+            for attr, label in _TOKEN_KINDS
+        ]
+    )
+    figures = [
+        ("cost-over-time", _layout(cost_time, "Cost per hour, by model", "USD")),
+        ("tokens-over-time", _layout(tokens_time, "Tokens per hour, by kind", "tokens")),
+    ]
+    for dimension in ("model", "user"):
+        groups = stats.by(dimension)
+        labels = [label for label, _ in groups]
+        cost = go.Figure([go.Bar(name="cost", x=labels, y=[c.cost_usd for _, c in groups])])
+        tokens = go.Figure(
+            [
+                go.Bar(name=label, x=labels, y=[getattr(c, attr) for _, c in groups])
+                for attr, label in _TOKEN_KINDS
+            ]
+        )
+        figures.append((f"cost-per-{dimension}", _layout(cost, f"Cost per {dimension}", "USD")))
+        figures.append(
+            (f"tokens-per-{dimension}", _layout(tokens, f"Tokens per {dimension}", "tokens"))
+        )
+    return figures
+
+
+def _slowest(stats: Stats) -> str:
+    rows = "".join(
+        "<tr>"
+        f"<td>{html.escape(s.session_id)}</td><td>{html.escape(s.user)}</td>"
+        f"<td>{s.counters.model_calls:,}</td>"
+        f"<td>{s.counters.latency_ms_total / 1000:,.2f}</td>"
+        f"<td>{_ms(s.counters.latency.quantile(0.95))}</td>"
+        f"<td>{s.span_s:,.1f}</td>"
+        f"<td>${s.counters.cost_usd:,.4f}</td>"
+        "</tr>"
+        for s in stats.slowest(10)
+    )
+    return (
+        "<h2>Slowest sessions</h2><p class='meta'>by the summed wall time of their model "
+        "calls; span is from a session's first event to its last</p>"
+        '<table id="slowest-sessions"><thead><tr><th>session</th><th>user</th>'
+        "<th>model calls</th><th>model time (s)</th><th>p95 (ms)</th><th>span (s)</th>"
+        f"<th>cost</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def _tools(total: Counters) -> str:
+    if not total.tools:
+        return ""
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{calls:,}</td></tr>"
+        for name, calls in sorted(total.tools.items(), key=lambda kv: (-kv[1], kv[0]))
+    )
+    return (
+        '<h2>Tool calls</h2><table id="tool-calls"><thead><tr><th>tool</th>'
+        f"<th>calls</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def render_report(stats: Stats, *, since: datetime | None = None) -> str:
+    """The page for ``stats`` (already cut at ``since``, which the heading names)."""
+    period = f"since {since.isoformat(timespec='minutes')}" if since else "all recorded hours"
+    head = (
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+        "<title>loomflow report</title>"
+        f"<style>{_STYLE}</style></head><body>"
+        "<h1>loomflow report</h1>"
+        f"<p class='meta'>{html.escape(stats.source)} · {html.escape(period)} · generated "
+        f"{utcnow().isoformat(timespec='seconds')}</p>"
+    )
+    if stats.empty:
+        body = f"<p class='empty' id='no-data'>No runs {html.escape(period)}.</p>"
+        return head + body + "</body></html>"
+    total = stats.totals()
+    parts = [head, _totals(total)]
+    for index, (name, figure) in enumerate(_figures(stats)):
+        parts.append(
+            pio.to_html(
+                figure,
+                full_html=False,
+                include_plotlyjs=index == 0,  # inline once; no CDN, no network
+                div_id=name,
+                default_height="380px",
+                config={"displaylogo": False, "responsive": True},
+            ).replace("<div>", '<div class="chart">', 1)
+        )
+    parts += [_tools(total), _slowest(stats)]
+    if stats.skipped:
+        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(stats.skipped.items()))
+        parts.append(f"<p class='meta'>records not counted: {html.escape(skipped)}</p>")
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def write_report(path: Path, stats: Stats, *, since: datetime | None = None) -> None:
+    path.write_text(render_report(stats, since=since), encoding="utf-8")

@@ -1,0 +1,206 @@
+"""``loomflow report``: the page opens offline in headless Chromium and its charts are drawn.
+
+Chromium is Debian's (``dev/chromium.sh`` installs it; CI runs that first), driven by
+playwright through ``executable_path``: playwright cannot download a browser here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shutil
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from PIL import Image
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from loomflow.cli import main
+from loomflow.runtime import SqliteRuntime, SqliteStore
+from loomflow.schemas import Event, Message, RunFinished, RunStarted, ToolCall, TurnAppended, Usage
+from tests.cli.test_stats import record_runs
+
+T = TypeVar("T")
+
+CHARTS = (
+    "cost-over-time",
+    "tokens-over-time",
+    "cost-per-model",
+    "tokens-per-model",
+    "cost-per-user",
+    "tokens-per-user",
+)
+CHROMIUM_FLAGS = [
+    "--no-sandbox",  # CI runs as root
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    # no calls home: the machine has no network, and the page must need none
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found is None:
+        pytest.fail("Chromium is not installed: run dev/chromium.sh (Debian's chromium package)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def _earlier_hours(start: datetime, hours: int) -> list[Event]:
+    """One finished session per hour before ``start``, so the time charts have a series."""
+    events: list[Event] = []
+    for h in range(hours):
+        at = start - timedelta(hours=hours - h)
+        env: dict[str, Any] = {
+            "user_id": "ada" if h % 2 else "bob",
+            "session_id": f"past{h}",
+            "run_id": f"run{h}",
+            "epoch": 1,
+            "at": at,
+        }
+        model = "opus-ish" if h % 3 else "haiku-ish"
+        call = ToolCall(id="c1", name="lookup", arguments={"city": "Oslo"})
+        usage = Usage(
+            input_tokens=800 + 100 * h,
+            cached_input_tokens=400,
+            cache_write_tokens=50 * h,
+            output_tokens=120,
+            cost_usd=0.01 * (h + 1),
+        )
+        events += [
+            RunStarted(seq=1, payload={"model": model}, **env),
+            TurnAppended(
+                seq=2,
+                payload={"messages": [Message.user("go")]},
+                **env,
+            ),
+            TurnAppended(
+                seq=3,
+                payload={
+                    "messages": [Message.assistant("", [call])],
+                    "usage": usage,
+                    "model_call": True,
+                    "model": model,
+                    "latency_ms": 300.0 + 250 * h,
+                },
+                **env,
+            ),
+            RunFinished(
+                seq=4,
+                payload={"output": "done", "turns": 1, "usage": usage, "model": model},
+                **env,
+            ),
+        ]
+    return events
+
+
+async def _journal(path: Path) -> None:
+    store = SqliteStore(path)
+    try:
+        await store.append(_earlier_hours(datetime.now(UTC), 6))
+    finally:
+        await store.close()
+    runtime = SqliteRuntime(path)
+    try:
+        await record_runs(runtime)
+    finally:
+        await runtime.close()
+
+
+def _off_the_loop(fn: Callable[..., T], *args: Any) -> T:
+    """Call ``fn`` in a thread of its own: playwright's sync API keeps an event loop
+    running in this one, and the CLI (like any program) starts its own with asyncio.run."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(fn, *args).result(timeout=300)
+
+
+def report(*args: str) -> int:
+    return _off_the_loop(main, ["report", *args])
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("report") / "journal.db"
+    _off_the_loop(asyncio.run, _journal(path))
+    return path
+
+
+class Opened:
+    """A page opened from a file, with what it logged and requested."""
+
+    def __init__(self, browser: Browser, page_file: Path) -> None:
+        self.page: Page = browser.new_page(viewport={"width": 1280, "height": 900})
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(page_file.as_uri())
+
+    def network(self) -> list[str]:
+        return [u for u in self.requests if not u.startswith(("file:", "data:", "blob:"))]
+
+
+def _inked(png: bytes) -> int:
+    """Pixels of a screenshot in a saturated colour: bars and lines, not the white
+    background, grey grid or black text."""
+    rgb = Image.open(io.BytesIO(png)).convert("RGB").tobytes()
+    pixels = zip(rgb[0::3], rgb[1::3], rgb[2::3], strict=True)
+    return sum(1 for r, g, b in pixels if max(r, g, b) - min(r, g, b) > 60)
+
+
+def test_the_report_opens_offline_without_errors_and_draws_every_chart(
+    browser: Browser, journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page_file = tmp_path / "report.html"
+    assert report("--html", str(page_file), "--db", str(journal)) == 0
+    assert f"wrote {page_file}" in capsys.readouterr().out
+    assert "<script src=" not in page_file.read_text()  # everything inline
+
+    opened = Opened(browser, page_file)
+    opened.page.wait_for_function(
+        f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {2 * len(CHARTS)}",
+        timeout=30_000,
+    )
+    opened.page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    for chart in CHARTS:
+        drawn = _inked(opened.page.locator(f"#{chart}").screenshot())
+        assert drawn > 1_000, f"chart {chart} has {drawn} coloured pixels: not drawn"
+    slowest = opened.page.locator("#slowest-sessions tbody tr")
+    assert slowest.count() == 10
+    # the earlier hours' sessions are slowest: 300 ms + 250 ms an hour, one call each
+    assert slowest.first.locator("td").first.inner_text() == "past5"
+    assert opened.page.locator("#tool-calls").inner_text().count("lookup") == 1
+    assert opened.errors == [] and opened.network() == []
+    opened.page.close()
+
+
+def test_a_report_for_a_period_without_runs_says_so(
+    browser: Browser, journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page_file = tmp_path / "empty.html"
+    assert report("--html", str(page_file), "--db", str(journal), "--since", "2099-01-01") == 0
+    assert "no runs since 2099-01-01T00:00+00:00" in capsys.readouterr().out
+    opened = Opened(browser, page_file)
+    assert opened.page.locator("#no-data").inner_text() == "No runs since 2099-01-01T00:00+00:00."
+    assert opened.page.locator(".js-plotly-plot").count() == 0
+    assert _inked(opened.page.screenshot()) == 0
+    assert opened.errors == [] and opened.network() == []
+    opened.page.close()
