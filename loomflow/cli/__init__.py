@@ -23,6 +23,7 @@ class CommandModule(Protocol):
     def add_parser(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         """Add its commands, each with ``set_defaults(handler=...)``."""
 
+
 #: the hidden subcommand the demo starts its worker process with (kept out of --help)
 WORKER_COMMAND = "_demo-worker"
 #: the extra that installs all a command needs, where [all] would be more than that
