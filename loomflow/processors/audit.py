@@ -159,8 +159,16 @@ async def verify_trail(
     """Compare the trail's chains with the log read again from the beginning by
     ``fresh_reader``, up to the positions ``audited`` (partition -> next offset) that
     the trail has reached."""
+    chains: dict[ScopeKey, list[Entry]] = defaultdict(list)
+    audited = dict(audited)
+    for entry in await trail.entries(user_id, session_id):
+        chains[entry.scope].append(entry)
+        # an entry written before its group's commit (a crash between the two) is audited
+        partition, offset = _where(entry.position)
+        audited[partition] = max(audited.get(partition, 0), offset + 1)
     log: dict[ScopeKey, list[Link]] = defaultdict(list)
     held: set[tuple[int, int]] = set()
+    undecodable: dict[str, str] = {}
     unaudited = 0
     async for batch in drain(fresh_reader):
         for record in batch:
@@ -169,16 +177,15 @@ async def verify_trail(
                 continue
             held.add((record.partition, record.offset))
             link = link_of(record)
-            if link is None or not _selected(link.scope, user_id, session_id):
+            if link is None:
+                undecodable[record.position] = record.error or "not an event"
+                continue
+            if not _selected(link.scope, user_id, session_id):
                 continue
             log[link.scope].append(link)
-    chains: dict[ScopeKey, list[Entry]] = defaultdict(list)
-    for entry in await trail.entries(user_id, session_id):
-        chains[entry.scope].append(entry)
 
     def vacated(position: str) -> bool:
-        partition, _, offset = position.rpartition(":")
-        where = (int(partition or 0), int(offset))
+        where = _where(position)
         return where[1] < audited.get(where[0], 0) and where not in held
 
     checks = []
@@ -191,10 +198,16 @@ async def verify_trail(
                 entries=len(entries),
                 erased=any(e.type == "session.erased" for e in entries),
                 pruned=sum(e.type == NOTE_TYPE for e in entries),
-                findings=verify(entries, log.get(scope, []), vacated),
+                findings=verify(entries, log.get(scope, []), vacated, undecodable),
             )
         )
     return Verification(checks, unaudited)
+
+
+def _where(position: str) -> tuple[int, int]:
+    """(partition, offset) of a position as LogRecord.position writes it."""
+    partition, _, offset = position.rpartition(":")
+    return int(partition or 0), int(offset)
 
 
 def _selected(scope: ScopeKey, user_id: Any, session_id: str | None) -> bool:

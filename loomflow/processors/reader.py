@@ -41,6 +41,7 @@ __all__ = [
     "LogReader",
     "LogRecord",
     "PruneNote",
+    "committed_offsets",
     "drain",
     "kafka_reader",
     "sqlite_reader",
@@ -364,3 +365,24 @@ def _kafka_record(record: Any) -> LogRecord:
     except InvalidEventError as exc:
         return LogRecord(record.partition, record.offset, None, error=exc.reason, raw=record.value)
     return LogRecord(record.partition, record.offset, event)
+
+
+async def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
+    """The offsets a consumer group has committed on the events topic (partition -> next
+    offset), read without joining the group."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from loomflow.producers.topics import started
+
+    admin = await started(
+        AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap), settings.kafka_bootstrap
+    )
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == settings.events_topic and meta.offset >= 0
+    }

@@ -325,9 +325,17 @@ class PostgresTrail(Trail):
     """The trail at scale, in the read model's schema; ``call(fn, *args)`` runs
     ``fn(conn, schema, *args)`` on a pooled connection (``PostgresStore._call``)."""
 
-    def __init__(self, call: Call, where: str) -> None:
+    def __init__(
+        self, call: Call, where: str, on_close: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
         self._call = call
         self.where = where
+        self._on_close = on_close
+
+    async def close(self) -> None:
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            await on_close()
 
     async def heads(self, scopes: Iterable[ScopeKey]) -> dict[ScopeKey, Head]:
         keys = list(scopes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 import hashlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -203,7 +203,10 @@ class Finding:
 
 
 def verify(
-    entries: Sequence[Entry], log: Sequence[Link], vacated: Callable[[str], bool]
+    entries: Sequence[Entry],
+    log: Sequence[Link],
+    vacated: Callable[[str], bool],
+    undecodable: Mapping[str, str] | None = None,
 ) -> list[Finding]:
     """What is wrong with one session's chain (``entries`` as stored, in ``n`` order)
     against its records in the log (``log``, in log order, read again).
@@ -211,7 +214,8 @@ def verify(
     Records an erasure or a prune removed from the log are expected to be missing from
     it. ``vacated(position)`` says whether the log held a record at that position when
     it was audited and holds none now: an entry whose record is missing from the log was
-    deleted from the log if so, and inserted into the trail if not.
+    deleted from the log if so, and inserted into the trail if not. ``undecodable`` maps
+    the positions of records that no longer decode to the reason.
     """
     findings = _chain_breaks(entries)
     by_key = {e.key: e for e in entries}
@@ -254,6 +258,16 @@ def verify(
                     links[key].position,
                     f"{what} is at another place in the log ({links[key].position}) than "
                     "in the chain",
+                )
+            )
+        elif undecodable and entry.position in undecodable:
+            findings.append(
+                Finding(
+                    "altered",
+                    entry.n,
+                    entry.position,
+                    f"{what}: the log's record at {entry.position} no longer decodes "
+                    f"({undecodable[entry.position]})",
                 )
             )
         elif entry.n in broken or not vacated(entry.position):
