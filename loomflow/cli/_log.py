@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from loomflow.projections.audit import Trail
     from loomflow.settings import Settings
 
-__all__ = ["add_db_option", "kafka_source", "reader_of", "trail_of", "user_of"]
+__all__ = ["add_db_option", "count", "kafka_source", "reader_of", "trail_of", "user_of"]
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +32,12 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 def user_of(text: str | None) -> str | None:
     """A --user value: an id, or None (the sessions of no user) for ''."""
     return text or None
+
+
+def count(n: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``."""
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n} {noun if n == 1 else plural}"
 
 
 def kafka_source(settings: Settings) -> str:

@@ -9,7 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import add_db_option, kafka_source, reader_of, trail_of, user_of
+from loomflow.cli._log import (
+    add_db_option,
+    count,
+    kafka_source,
+    reader_of,
+    trail_of,
+    user_of,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -103,9 +110,9 @@ async def _run_audit(
                 await auditor.catch_up()
             done = auditor.done
             return (
-                f"audited {done.records} new records of {reader.source} into the "
-                f"{trail.where}: {done.entries} entries in {len(done.sessions)} sessions, "
-                f"{done.rejected} rejected"
+                f"audited {count(done.records, 'new record')} of {reader.source} into the "
+                f"{trail.where}: {count(done.entries, 'entry')} in "
+                f"{count(len(done.sessions), 'session')}, {done.rejected} rejected"
             )
 
 
@@ -172,7 +179,7 @@ def _print_verification(
         status = (
             "[green]ok[/]"
             if not check.findings
-            else f"[red]{_count(len(check.findings), 'problem')}[/]"
+            else f"[red]{count(len(check.findings), 'problem')}[/]"
         )
         table.add_row(check.session_id, check.user_id or "-", str(check.entries), removed, status)
     if result.sessions:
@@ -194,16 +201,11 @@ def _print_verification(
     if result.problems:
         bad = sum(1 for c in result.sessions if c.findings)
         console.print(
-            f"[red]verification failed:[/] {_count(result.problems, 'problem')} in {bad} of "
-            f"{_count(len(result.sessions), 'session')}"
+            f"[red]verification failed:[/] {count(result.problems, 'problem')} in {bad} of "
+            f"{count(len(result.sessions), 'session')}"
         )
     else:
         console.print(
-            f"verified {_count(len(result.sessions), 'session')}, {_count(entries, 'entry')}: "
+            f"verified {count(len(result.sessions), 'session')}, {count(entries, 'entry')}: "
             "the trail matches the log"
         )
-
-
-def _count(n: int, noun: str) -> str:
-    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
-    return f"{n} {noun if n == 1 else plural}"

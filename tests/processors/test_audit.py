@@ -29,7 +29,7 @@ async def _sessions(db: Path, *sessions: tuple[str, str | None]) -> None:
 
 
 async def _audit(db: Path) -> tuple[int, int]:
-    async with SqliteTrail(default_trail_path(db)) as trail:
+    async with SqliteTrail(default_trail_path(db)) as trail:  # noqa: SIM117 - reader needs it
         async with sqlite_reader(db, start=await trail.position() or "beginning") as reader:
             done = await Auditor(reader, trail).catch_up()
     return done.entries, done.rejected
