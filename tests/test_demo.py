@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -67,10 +68,9 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     assert "offline ScriptedModel" in out
     assert re.search(r"worker pid \d+ was killed by SIGKILL", out), out
 
-    last = [line for line in out.splitlines() if line.strip()][-2:]
-    resumed = re.match(rf"resumed\s+({SESSION_ID})\b", last[0])
-    forked = re.match(rf"forked\s+({SESSION_ID})\s+\(parent ({SESSION_ID})\)", last[1])
-    assert resumed is not None and forked is not None, "\n".join(last)
+    resumed = re.search(rf"^resumed\s+({SESSION_ID})\b", out, re.M)
+    forked = re.search(rf"^forked\s+({SESSION_ID})\s+\(parent ({SESSION_ID})\)", out, re.M)
+    assert resumed is not None and forked is not None, out
     assert forked.group(1) != resumed.group(1)
     assert forked.group(2) == resumed.group(1)
 
@@ -104,6 +104,12 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     not_repeated = re.search(r"(\d+) model calls? (?:were|was) not repeated", out)
     assert not_repeated is not None, out
     assert int(not_repeated.group(1)) == killed_at
+
+    # It ends with what another reader of the log sees: every event chained and verified.
+    with sqlite3.connect(db) as conn:
+        events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
+    assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out
+    assert out.rstrip().endswith("loomflow audit verify: 2 sessions match the log"), out
 
 
 def test_the_scenario_and_the_core_load_no_rich() -> None:

@@ -39,6 +39,9 @@ from loomflow.demo.assistant import (
 )
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
+from loomflow.processors.audit import Auditor, Verification, verify_trail
+from loomflow.processors.reader import sqlite_reader
+from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import CheckpointMeta, Event, Message, Role, RunResult, new_id
 
@@ -288,6 +291,15 @@ class Summary:
     forked: Forked
 
 
+@dataclass(frozen=True)
+class Audited:
+    """What another reader of the log found: the audit trail, chained and verified."""
+
+    trail: Path
+    entries: int
+    verification: Verification
+
+
 #: What the demo reports, in order: while the worker runs, each event it appends as read
 #: from the log; otherwise one of the records above.
 Step = (
@@ -300,6 +312,7 @@ Step = (
     | CheckpointList
     | Forked
     | Summary
+    | Audited
 )
 
 
@@ -327,8 +340,10 @@ def play(db: Path, kill_after_turns: int, model_name: str, report: Callable[[Ste
 def _reset(db: Path) -> None:
     if not db.parent.is_dir():
         raise DemoError(f"directory {db.parent} does not exist for --db {db}")
-    for path in (db, Path(f"{db}-wal"), Path(f"{db}-shm"), call_log_path(db)):
-        path.unlink(missing_ok=True)
+    trail = default_trail_path(db)
+    for path in (db, call_log_path(db), trail):
+        for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+            file.unlink(missing_ok=True)
 
 
 @dataclass
@@ -441,6 +456,21 @@ class _Scenario:
 
         worker_calls = len(await self._calls_of("worker"))
         self.report(Summary(worker_calls, killed, resumed, forked))
+
+        audited = await self._audit()
+        self.report(audited)
+        if audited.verification.problems:
+            raise DemoError(f"the audit trail does not match the log in {audited.trail}")
+
+    async def _audit(self) -> Audited:
+        """What `loomflow audit` then `loomflow audit verify` do, on this demo's log."""
+        trail_path = default_trail_path(self.db)
+        async with SqliteTrail(trail_path) as trail:
+            async with sqlite_reader(self.db) as reader:
+                done = await Auditor(reader, trail).catch_up()
+            async with sqlite_reader(self.db) as fresh:
+                verification = await verify_trail(trail, fresh, reader.next_positions())
+        return Audited(trail_path, done.entries, verification)
 
     async def _calls_of(self, step: CallStep) -> tuple[ModelCall, ...]:
         return tuple(call for call in await self.calls.read() if call.step == step)

@@ -19,6 +19,7 @@ from rich.text import Text
 from loomflow.cli import WORKER_COMMAND
 from loomflow.demo.assistant import APPROACH_PROMPTS
 from loomflow.demo.scenario import (
+    Audited,
     CheckpointList,
     DemoError,
     Forked,
@@ -111,6 +112,9 @@ class DemoView:
             case Summary():
                 self.console.rule("[bold]6 · Summary")
                 self._summary(step)
+            case Audited():
+                self.console.rule("[bold]7 · The log's other readers")
+                self._audited(step)
             case _:
                 assert_never(step)
 
@@ -291,6 +295,29 @@ class DemoView:
             c.print(
                 Panel(escape(result.output), title="forked run's answer", border_style="magenta")
             )
+
+    def _audited(self, audited: Audited) -> None:
+        check = audited.verification
+        sessions = len(check.sessions)
+        self.console.print(
+            f"loomflow audit: {audited.entries} events chained by hash into {audited.trail.name}"
+        )
+        table = Table(box=None, padding=(0, 2))
+        for column in ("session", "entries", "verified"):
+            table.add_column(column)
+        for session in check.sessions:
+            table.add_row(
+                session.session_id,
+                str(session.entries),
+                "[green]ok[/]" if not session.findings else f"[red]{len(session.findings)}[/]",
+            )
+        self.console.print(table)
+        verdict = (
+            f"loomflow audit verify: {sessions} sessions match the log"
+            if not check.problems
+            else f"[red]loomflow audit verify: {check.problems} problems[/]"
+        )
+        self.console.print(verdict)
 
     def _summary(self, summary: Summary) -> None:
         resumed, forked = summary.resumed.result, summary.forked.result

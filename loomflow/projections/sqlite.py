@@ -57,7 +57,7 @@ __all__ = [
 
 logger = logging.getLogger("loomflow.projections.sqlite")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -119,6 +119,38 @@ _MIGRATIONS: dict[int, str] = {
         at TEXT NOT NULL,
         PRIMARY KEY (user_id, session_id, step_key)
     ) WITHOUT ROWID;
+    """,
+    # Positions never go back, so a reader that has passed one misses nothing: without
+    # AUTOINCREMENT an erasure that deletes the newest rows would hand their positions to
+    # the next events. Prune deletes rows with no event to say so; it leaves a note at
+    # a position of the same sequence, so the log's readers (audit) see it in order.
+    2: """
+    CREATE TABLE loomflow_events_v2 (
+        position INTEGER PRIMARY KEY AUTOINCREMENT,
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        type TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        run_id TEXT NOT NULL,
+        epoch INTEGER NOT NULL,
+        v INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        payload TEXT NOT NULL
+    );
+    INSERT INTO loomflow_events_v2 SELECT * FROM loomflow_events ORDER BY position;
+    DROP TABLE loomflow_events;
+    ALTER TABLE loomflow_events_v2 RENAME TO loomflow_events;
+    CREATE UNIQUE INDEX loomflow_events_scope ON loomflow_events (user_id, session_id, seq);
+    CREATE TABLE loomflow_log_notes (
+        position INTEGER PRIMARY KEY,
+        user_id TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        through_seq INTEGER NOT NULL,
+        seqs TEXT,
+        at TEXT NOT NULL
+    );
     """,
 }
 
@@ -455,20 +487,55 @@ def prune(conn: sqlite3.Connection, match: PruneFilter) -> tuple[int, int, int, 
                 sessions += 1
                 checkpoints += _delete(conn, "loomflow_checkpoints", scope)
                 steps += _delete(conn, "loomflow_steps", scope)
-                events += _delete(conn, "loomflow_events", scope)
+                gone = _delete_events(conn, scope)
                 _delete(conn, "loomflow_sessions", scope)
+                if gone:
+                    events += len(gone)
+                    _note_pruned(conn, scope, max(gone), None)
                 continue
             cutoff = ts(before)
             checkpoints += _delete(conn, "loomflow_checkpoints", scope, "created_at < ?", cutoff)
             steps += _delete(conn, "loomflow_steps", scope, "at < ?", cutoff)
-            events += _delete(
-                conn, "loomflow_events", scope, "type = 'step.recorded' AND at < ?", cutoff
-            )
+            gone = _delete_events(conn, scope, "type = 'step.recorded' AND at < ?", cutoff)
+            if gone:
+                events += len(gone)
+                _note_pruned(conn, scope, max(gone), sorted(gone))
         conn.execute("COMMIT")
         return sessions, checkpoints, steps, events
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _delete_events(
+    conn: sqlite3.Connection, scope: tuple[str, str], extra: str = "", *args: Any
+) -> list[int]:
+    """Delete a session's log rows (those ``extra`` selects); return their seqs."""
+    sql_text = "DELETE FROM loomflow_events WHERE user_id = ? AND session_id = ?"
+    if extra:
+        sql_text += f" AND {extra}"
+    return [seq for (seq,) in conn.execute(sql_text + " RETURNING seq", (*scope, *args))]
+
+
+def _note_pruned(
+    conn: sqlite3.Connection, scope: tuple[str, str], through_seq: int, seqs: list[int] | None
+) -> None:
+    """Leave a note that prune deleted these log rows (``seqs`` None: all through
+    ``through_seq``), at the next position of the log's own sequence."""
+    (position,) = conn.execute(
+        "UPDATE sqlite_sequence SET seq = seq + 1 WHERE name = 'loomflow_events' RETURNING seq"
+    ).fetchone()  # rows were deleted, so an event was inserted once and the row exists
+    conn.execute(
+        "INSERT INTO loomflow_log_notes (position, user_id, session_id, kind, through_seq, seqs, "
+        "at) VALUES (?,?,?,'pruned',?,?,?)",
+        (
+            position,
+            *scope,
+            through_seq,
+            None if seqs is None else orjson.dumps(seqs).decode(),
+            ts(datetime.now(UTC)),
+        ),
+    )
 
 
 def _delete(

@@ -92,6 +92,8 @@ async def test_two_processes_migrating_at_once_both_succeed(dsn: str, schema: st
         "dead_letters",
         "processors",
         "schema_migrations",
+        "audit_entries",
+        "audit_rejects",
     }
 
 

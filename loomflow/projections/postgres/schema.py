@@ -22,6 +22,7 @@ from loomflow.errors import (
     StoreError,
     StoreUnavailableError,
 )
+from loomflow.projections.audit import POSTGRES_DDL
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -38,7 +39,7 @@ logger = logging.getLogger("loomflow.projections.postgres")
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
@@ -138,6 +139,8 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (consumer, topic, worker)
     );
     """,
+    # the audit trail of `loomflow audit` (projections/audit.py)
+    3: POSTGRES_DDL,
 }
 
 

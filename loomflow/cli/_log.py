@@ -1,0 +1,84 @@
+"""What the commands that read the log share: where the log is, and how to open it.
+
+``--db PATH`` names an embedded log (a SQLite file a ``SqliteRuntime`` writes); without
+it a command reads the Kafka topic and the PostgreSQL schema the ``LOOMFLOW_*`` settings
+name, as ``loomflow processor`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from loomflow.processors.reader import LogReader
+    from loomflow.projections.audit import Trail
+    from loomflow.settings import Settings
+
+__all__ = ["add_db_option", "count", "kafka_source", "reader_of", "trail_of", "user_of"]
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        type=Path,
+        metavar="PATH",
+        help="an embedded log (the SQLite file of a SqliteRuntime); without it, the Kafka "
+        "topic and PostgreSQL schema of the LOOMFLOW_* settings",
+    )
+
+
+def user_of(text: str | None) -> str | None:
+    """A --user value: an id, or None (the sessions of no user) for ''."""
+    return text or None
+
+
+def count(n: int, noun: str) -> str:
+    """``1 entry``, ``2 entries``."""
+    plural = noun[:-1] + "ies" if noun.endswith("y") else noun + "s"
+    return f"{n} {noun if n == 1 else plural}"
+
+
+def kafka_source(settings: Settings) -> str:
+    return f"Kafka topic {settings.events_topic} at {settings.kafka_bootstrap}"
+
+
+def reader_of(
+    db: Path | None,
+    settings: Settings | None,
+    *,
+    group: str | None = None,
+    start: Literal["beginning", "end", "committed"] | dict[int, int] = "beginning",
+) -> LogReader:
+    """The reader of the embedded log ``db``, or of the settings' Kafka topic."""
+    from loomflow.processors.reader import kafka_reader, sqlite_reader
+
+    if db is not None:
+        if start == "committed":
+            raise ValueError("an embedded log keeps no group positions")
+        return sqlite_reader(db, start=start)
+    if isinstance(start, dict):
+        raise ValueError("a Kafka reader starts at its group's offsets")
+    return kafka_reader(settings, group=group, start=start)
+
+
+def trail_of(db: Path | None, trail: Path | None, settings: Settings | None) -> Trail:
+    """The audit trail of the embedded log ``db`` (a file beside it unless ``trail`` names
+    one), or the trail in the settings' PostgreSQL schema."""
+    from loomflow.projections.audit import PostgresTrail, SqliteTrail, default_trail_path
+    from loomflow.runtime.postgres import PostgresStore
+    from loomflow.settings import Settings
+
+    if db is not None:
+        return SqliteTrail(trail or default_trail_path(db))
+    settings = Settings.resolve(settings)
+    store = PostgresStore(
+        settings.postgres_dsn,
+        schema=settings.db_schema,
+        max_size=2,
+        connect_timeout=settings.connect_timeout,
+        auto_migrate=settings.auto_migrate,
+    )
+    where = f"audit trail in PostgreSQL schema {settings.db_schema}"
+    return PostgresTrail(store._call, where, on_close=store.close)

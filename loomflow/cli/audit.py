@@ -1,0 +1,211 @@
+"""``loomflow audit`` and ``loomflow audit verify``: the tamper-evident trail of the log."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from loomflow.cli._log import (
+    add_db_option,
+    count,
+    kafka_source,
+    reader_of,
+    trail_of,
+    user_of,
+)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from loomflow.processors.audit import Verification
+    from loomflow.settings import Settings
+
+NAMES = ("audit",)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    add_db_option(common)
+    common.add_argument(
+        "--trail",
+        type=Path,
+        metavar="PATH",
+        help="the audit trail of an embedded log (default: beside it, journal.db -> "
+        "journal.audit.db); at scale the trail is in the LOOMFLOW_SCHEMA of PostgreSQL",
+    )
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="chain every event of the log into a tamper-evident audit trail",
+        description="Read the log (its own consumer group on Kafka, <processor id>-audit) "
+        "and append each record to the trail, hash-chained to its session's previous "
+        "entry. Replaying adds nothing. Then exit, or go on with --follow.",
+    )
+    audit.add_argument("--follow", action="store_true", help="keep auditing new events")
+    audit.set_defaults(handler=_audit)
+    actions = audit.add_subparsers(dest="audit_action", metavar="{verify}")
+    verify = actions.add_parser(
+        "verify",
+        parents=[common],
+        help="check the trail against the log",
+        description="Re-read the log and check each session's chain: report a deleted, "
+        "reordered, inserted or altered entry with the position where the chain breaks. "
+        "Exit code 1 when anything is wrong. Erasures and prunes are shown as such.",
+    )
+    verify.add_argument("--session", metavar="S", help="only this session")
+    verify.add_argument("--user", metavar="U", help="only this user's sessions ('' for none)")
+    verify.set_defaults(handler=_verify)
+
+
+def _settings_for(args: argparse.Namespace) -> tuple[bool, Settings | None]:
+    """Whether the settings are usable, and them (None for an embedded log)."""
+    if args.db is not None:
+        return True, None
+    from loomflow.cli import _settings
+
+    settings = _settings()
+    return settings is not None, settings
+
+
+def _audit(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from loomflow.errors import LoomflowError
+
+    console = Console(highlight=False)
+    usable, settings = _settings_for(args)
+    if not usable:
+        return 2
+    try:
+        done = asyncio.run(_run_audit(args.db, args.trail, settings, args.follow, console))
+    except LoomflowError as exc:
+        print(f"loomflow audit: {exc}", file=sys.stderr)
+        return 1
+    console.print(done)
+    return 0
+
+
+async def _run_audit(
+    db: Path | None, trail_path: Path | None, settings: Settings | None, follow: bool, out: Console
+) -> str:
+    from loomflow.processors.audit import Auditor
+
+    async with trail_of(db, trail_path, settings) as trail:
+        start: Any = (await trail.position() or "beginning") if db is not None else "committed"
+        group = None if settings is None else settings.audit_group
+        async with reader_of(db, settings, group=group, start=start) as reader:
+            auditor = Auditor(reader, trail)
+            if follow:
+                stop = asyncio.Event()
+                loop = asyncio.get_running_loop()
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(signum, stop.set)
+                out.print(f"auditing {reader.source} into the {trail.where}; Ctrl-C stops")
+                await auditor.follow(stop)
+            else:
+                await auditor.catch_up()
+            done = auditor.done
+            return (
+                f"audited {count(done.records, 'new record')} of {reader.source} into the "
+                f"{trail.where}: {count(done.entries, 'entry')} in "
+                f"{count(len(done.sessions), 'session')}, {done.rejected} rejected"
+            )
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from loomflow.errors import LoomflowError
+
+    console = Console(highlight=False)
+    usable, settings = _settings_for(args)
+    if not usable:
+        return 2
+    filters: dict[str, Any] = {}
+    if args.user is not None:
+        filters["user_id"] = user_of(args.user)
+    if args.session is not None:
+        filters["session_id"] = args.session
+    try:
+        result, source = asyncio.run(_run_verify(args.db, args.trail, settings, filters))
+    except LoomflowError as exc:
+        print(f"loomflow audit verify: {exc}", file=sys.stderr)
+        return 1
+    _print_verification(console, result, source, filters)
+    return 1 if result.problems else 0
+
+
+async def _run_verify(
+    db: Path | None, trail_path: Path | None, settings: Settings | None, filters: dict[str, Any]
+) -> tuple[Verification, str]:
+    from loomflow.processors.audit import verify_trail
+    from loomflow.processors.reader import committed_offsets
+
+    if db is not None and not (trail_path or _default_trail(db)).exists():
+        from loomflow.errors import StoreError
+
+        raise StoreError(f"no audit trail for {db} yet: run `loomflow audit --db {db}` first")
+    async with trail_of(db, trail_path, settings) as trail:
+        if settings is None:
+            audited = await trail.position() or {0: 1}
+        else:
+            audited = await committed_offsets(settings, settings.audit_group)
+        async with reader_of(db, settings, start="beginning") as fresh:
+            result = await verify_trail(trail, fresh, audited, **filters)
+            return result, fresh.source if settings is None else kafka_source(settings)
+
+
+def _default_trail(db: Path) -> Path:
+    from loomflow.projections.audit import default_trail_path
+
+    return default_trail_path(db)
+
+
+def _print_verification(
+    console: Console, result: Verification, source: str, filters: dict[str, Any]
+) -> None:
+    from rich.table import Table
+
+    if not result.sessions:
+        what = " matching " + ", ".join(f"{k}={v!r}" for k, v in filters.items()) if filters else ""
+        console.print(f"no audited sessions{what} in {source}")
+    table = Table("session", "user", "entries", "erased / pruned", "status", box=None)
+    for check in result.sessions:
+        removed = "erased" if check.erased else f"pruned x{check.pruned}" if check.pruned else ""
+        status = (
+            "[green]ok[/]"
+            if not check.findings
+            else f"[red]{count(len(check.findings), 'problem')}[/]"
+        )
+        table.add_row(check.session_id, check.user_id or "-", str(check.entries), removed, status)
+    if result.sessions:
+        console.print(table)
+    for check in result.sessions:
+        for finding in check.findings:
+            where = f"entry {finding.n}" if finding.n is not None else "no entry"
+            log = f", log {finding.position}" if finding.position else ""
+            console.print(
+                f"[red]{finding.kind}[/] in session {check.session_id} "
+                f"(user {check.user_id or '-'}) at {where}{log}: {finding.detail}"
+            )
+    if result.unaudited:
+        console.print(
+            f"{result.unaudited} records of the log were not audited yet and were not "
+            "checked: run `loomflow audit` first"
+        )
+    entries = sum(c.entries for c in result.sessions)
+    if result.problems:
+        bad = sum(1 for c in result.sessions if c.findings)
+        console.print(
+            f"[red]verification failed:[/] {count(result.problems, 'problem')} in {bad} of "
+            f"{count(len(result.sessions), 'session')}"
+        )
+    else:
+        console.print(
+            f"verified {count(len(result.sessions), 'session')}, {count(entries, 'entry')}: "
+            "the trail matches the log"
+        )

@@ -1,0 +1,388 @@
+"""One way to read a log: its records in order, with their positions, from Kafka or SQLite.
+
+Audit, analytics, tail and the CLI are written once against :class:`LogReader`, so the
+embedded default (a SQLite file) gets every consumer a Kafka user gets.
+
+- :func:`sqlite_reader` reads the ``loomflow_events`` table of a SQLite log by position,
+  with the notes ``store.prune`` leaves where it deleted rows. A consumer keeps its own
+  position (in its own database, with what it wrote) and passes it back as ``start``.
+- :func:`kafka_reader` reads the events topic, as a member of a consumer group whose
+  committed offsets are its positions (``commit()``), or with no group, from the
+  beginning or the end (``loomflow tail``).
+
+A record that does not decode is returned with ``event=None`` and the reason, never
+raised: no consumer stops on one bad record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from abc import abstractmethod
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import orjson
+
+from loomflow.errors import CorruptRecordError, InvalidEventError, StoreError
+from loomflow.lifecycle import Resource
+from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.schemas import Event
+
+if TYPE_CHECKING:
+    from aiokafka import AIOKafkaConsumer
+
+    from loomflow.settings import Settings
+
+__all__ = [
+    "LogReader",
+    "LogRecord",
+    "PruneNote",
+    "committed_offsets",
+    "drain",
+    "kafka_reader",
+    "sqlite_reader",
+]
+
+T = TypeVar("T")
+
+#: how often a reader of a SQLite log looks for new rows while it waits (SQLite cannot
+#: notify another process; ``PRAGMA data_version`` makes each look cost one read)
+_SQLITE_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class PruneNote:
+    """``store.prune`` deleted log rows of a session (embedded logs; Kafka's log keeps
+    its records, and prune appends events there instead)."""
+
+    user_id: str | None
+    session_id: str
+    #: the deleted rows' seqs, or None for every row of the session through ``through_seq``
+    seqs: tuple[int, ...] | None
+    through_seq: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class LogRecord:
+    """One record of a log, at its position."""
+
+    partition: int  # 0 in a SQLite log
+    offset: int  # a SQLite log's position
+    #: None when the record does not decode (``error`` says why) or is a note
+    event: Event | None
+    error: str | None = None
+    note: PruneNote | None = None
+    #: the bytes as stored, for records that did not decode
+    raw: bytes | None = None
+    #: False in a log with one sequence of positions (SQLite)
+    partitioned: bool = True
+
+    @property
+    def position(self) -> str:
+        """Where the record is, as a person would name it: ``12`` or ``3:1204``."""
+        return f"{self.partition}:{self.offset}" if self.partitioned else str(self.offset)
+
+
+class LogReader(Resource):
+    """Records of one log in order (per partition), with their positions."""
+
+    #: what is read, for messages: "SQLite log journal.db", "Kafka topic x (group g)"
+    source: str
+    #: True when a consumer keeps its position itself, with what it writes (a SQLite log
+    #: has no groups); False when ``commit()`` keeps it in the log (a Kafka group)
+    consumer_keeps_position: bool = True
+
+    @abstractmethod
+    async def read(self, wait: float = 1.0, max_records: int = 1000) -> list[LogRecord]:
+        """The next records; an empty list when none arrived within ``wait`` seconds."""
+
+    @abstractmethod
+    def next_positions(self) -> dict[int, int]:
+        """Partition -> the offset of the next record to read."""
+
+    async def commit(self) -> None:
+        """Record that every record read so far is handled (Kafka: the group's offsets).
+
+        A SQLite log has no groups: its consumers keep their position themselves."""
+
+    @abstractmethod
+    async def at_end(self) -> bool:
+        """Whether every record in the log when called has been returned by ``read``."""
+
+
+async def drain(reader: LogReader, max_records: int = 1000) -> AsyncIterator[list[LogRecord]]:
+    """Batches of records until the reader has caught up with the log as it was."""
+    while True:
+        batch = await reader.read(wait=0.2, max_records=max_records)
+        if batch:
+            yield batch
+        elif await reader.at_end():
+            return
+
+
+# -- SQLite -------------------------------------------------------------------------------
+
+
+def sqlite_reader(
+    path: str | Path, *, start: Literal["beginning", "end"] | dict[int, int] = "beginning"
+) -> LogReader:
+    """A reader of the SQLite log at ``path``; ``start`` is a position kept by the
+    consumer (``{0: next_position}``, as ``next_positions()`` returned it)."""
+    return _SqliteReader(Path(path), start)
+
+
+class _SqliteReader(LogReader):
+    def __init__(self, path: Path, start: Literal["beginning", "end"] | dict[int, int]) -> None:
+        self.path = path
+        self.source = f"SQLite log {path}"
+        self._start = start
+        self._after = 0 if not isinstance(start, dict) else start.get(0, 1) - 1
+        self._thread = SqliteThread(self._connect, f"the reader of {path}")
+
+    def _connect(self) -> sqlite3.Connection:
+        if not self.path.is_file():
+            raise StoreError(
+                f"no loomflow log at {self.path}: give the file a SqliteRuntime writes to"
+            )
+        from loomflow.projections.sqlite import connect
+
+        conn = connect(self.path, busy_timeout_ms=30_000)
+        if self._start == "end":
+            self._after = _last_position(conn)
+        return conn
+
+    async def open(self) -> None:
+        await self._thread.call(lambda conn: None)
+
+    async def close(self) -> None:
+        await self._thread.close()
+
+    async def read(self, wait: float = 1.0, max_records: int = 1000) -> list[LogRecord]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            records = await self._thread.call(self._fetch, max_records)
+            if records or loop.time() >= deadline:
+                return records
+            await asyncio.sleep(min(_SQLITE_POLL_SECONDS, max(0.0, deadline - loop.time())))
+
+    def _fetch(self, conn: sqlite3.Connection, limit: int) -> list[LogRecord]:
+        rows = conn.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM loomflow_events WHERE position > ? "
+            "ORDER BY position LIMIT ?",
+            (self._after, limit),
+        ).fetchall()
+        notes = conn.execute(
+            "SELECT position, user_id, session_id, seqs, through_seq, at FROM loomflow_log_notes "
+            "WHERE position > ? ORDER BY position LIMIT ?",
+            (self._after, limit),
+        ).fetchall()
+        records = sorted(
+            [_event_record(row) for row in rows] + [_note_record(row) for row in notes],
+            key=lambda r: r.offset,
+        )[:limit]
+        if records:
+            self._after = records[-1].offset
+        return records
+
+    def next_positions(self) -> dict[int, int]:
+        return {0: self._after + 1}
+
+    async def at_end(self) -> bool:
+        return self._after >= await self._thread.call(_last_position)
+
+
+_EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"
+
+
+def _last_position(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _event_record(row: Sequence[Any]) -> LogRecord:
+    from loomflow.projections.sqlite import decode_event_row
+
+    try:
+        event = decode_event_row(row)
+    except CorruptRecordError as exc:
+        raw = orjson.dumps(dict(zip(_EVENT_COLUMNS.split(", "), row, strict=True)))
+        return LogRecord(0, row[0], None, error=str(exc), raw=raw, partitioned=False)
+    return LogRecord(0, row[0], event, partitioned=False)
+
+
+def _note_record(row: Sequence[Any]) -> LogRecord:
+    position, user_id, session_id, seqs, through_seq, at = row
+    note = PruneNote(
+        user_id=user_id or None,
+        session_id=session_id,
+        seqs=None if seqs is None else tuple(orjson.loads(seqs)),
+        through_seq=through_seq,
+        at=datetime.fromisoformat(at),
+    )
+    return LogRecord(0, position, None, note=note, partitioned=False)
+
+
+# -- Kafka --------------------------------------------------------------------------------
+
+
+def kafka_reader(
+    settings: Settings | None = None,
+    *,
+    group: str | None,
+    start: Literal["committed", "beginning", "end"] = "committed",
+) -> LogReader:
+    """A reader of the events topic the settings name.
+
+    With a ``group`` it joins that consumer group and starts at the group's committed
+    offsets (the beginning when it has none); ``commit()`` moves them. With no group it
+    reads every partition from the ``beginning`` or the ``end``.
+    """
+    from loomflow.settings import Settings
+
+    settings = Settings.resolve(settings)
+    if group is None and start == "committed":
+        raise ValueError("a reader with no consumer group starts at 'beginning' or 'end'")
+    if group is not None and start != "committed":
+        raise ValueError("a consumer group starts at its committed offsets")
+    return _KafkaReader(settings, group, start)
+
+
+class _KafkaReader(LogReader):
+    def __init__(
+        self, settings: Settings, group: str | None, start: Literal["committed", "beginning", "end"]
+    ) -> None:
+        self.settings = settings
+        self.group = group
+        self.topic = settings.events_topic
+        self.source = f"Kafka topic {self.topic}" + (f" (group {group})" if group else "")
+        self.consumer_keeps_position = group is None
+        self._start = start
+        self._consumer: AIOKafkaConsumer | None = None
+        self._next: dict[int, int] = {}
+
+    async def open(self) -> None:
+        if self._consumer is not None:
+            return
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+
+        from loomflow.producers.topics import started
+        from loomflow.schemas.events import MAX_EVENT_BYTES
+
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap,
+            group_id=self.group,
+            enable_auto_commit=False,
+            auto_offset_reset="latest" if self._start == "end" else "earliest",
+            max_partition_fetch_bytes=MAX_EVENT_BYTES + 64 * 1024,
+            fetch_max_wait_ms=100,
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=1_000,
+            rebalance_timeout_ms=10_000,
+        )
+        if self.group is not None:
+            consumer.subscribe([self.topic])
+        self._consumer = await started(consumer, self.settings.kafka_bootstrap)
+        if self.group is None:
+            partitions = await self._partitions()
+            tps = [TopicPartition(self.topic, p) for p in partitions]
+            consumer.assign(tps)
+            if self._start == "end":
+                await consumer.seek_to_end(*tps)
+            else:
+                await consumer.seek_to_beginning(*tps)
+
+    async def _partitions(self) -> list[int]:
+        assert self._consumer is not None
+        partitions = self._consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            await self._consumer._client.force_metadata_update()
+            partitions = self._consumer.partitions_for_topic(self.topic)
+        if not partitions:
+            raise StoreError(
+                f"topic {self.topic} does not exist on {self.settings.kafka_bootstrap}: "
+                "nothing has written to it yet (or LOOMFLOW_TOPIC_PREFIX differs)"
+            )
+        return sorted(partitions)
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
+
+    async def read(self, wait: float = 1.0, max_records: int = 1000) -> list[LogRecord]:
+        await self.open()
+        assert self._consumer is not None
+        fetched = await self._consumer.getmany(timeout_ms=int(wait * 1000), max_records=max_records)
+        records = []
+        for tp, batch in sorted(fetched.items(), key=lambda item: item[0].partition):
+            for record in batch:
+                records.append(_kafka_record(record))
+            if batch:
+                self._next[tp.partition] = batch[-1].offset + 1
+        return records
+
+    def next_positions(self) -> dict[int, int]:
+        return dict(self._next)
+
+    async def commit(self) -> None:
+        if self.group is None or not self._next or self._consumer is None:
+            return
+        from aiokafka import TopicPartition
+
+        assigned = {tp.partition for tp in self._consumer.assignment()}
+        offsets = {
+            TopicPartition(self.topic, p): offset
+            for p, offset in self._next.items()
+            if p in assigned  # a partition another member took is no longer ours to commit
+        }
+        if offsets:
+            await self._consumer.commit(offsets)
+
+    async def at_end(self) -> bool:
+        await self.open()
+        assert self._consumer is not None
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False  # still joining its group
+        ends = await self._consumer.end_offsets(list(assigned))
+        for tp, end in ends.items():
+            if await self._consumer.position(tp) < end:
+                return False
+        return True
+
+
+def _kafka_record(record: Any) -> LogRecord:
+    from loomflow.processors.projector import decode_record
+
+    try:
+        event, _ = decode_record(record)
+    except InvalidEventError as exc:
+        return LogRecord(record.partition, record.offset, None, error=exc.reason, raw=record.value)
+    return LogRecord(record.partition, record.offset, event)
+
+
+async def committed_offsets(settings: Settings, group: str) -> dict[int, int]:
+    """The offsets a consumer group has committed on the events topic (partition -> next
+    offset), read without joining the group."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    from loomflow.producers.topics import started
+
+    admin = await started(
+        AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap), settings.kafka_bootstrap
+    )
+    try:
+        offsets = await admin.list_consumer_group_offsets(group)
+    finally:
+        await admin.close()
+    return {
+        tp.partition: meta.offset
+        for tp, meta in offsets.items()
+        if tp.topic == settings.events_topic and meta.offset >= 0
+    }

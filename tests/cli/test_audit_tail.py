@@ -1,0 +1,124 @@
+"""``loomflow audit``, ``audit verify`` and ``tail`` on an embedded log, as a user runs them."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from loomflow.cli import main
+from loomflow.runtime import SqliteRuntime
+from tests.support.scenario import Research
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _run(db: Path, session_id: str, user_id: str | None = None) -> None:
+    runtime = SqliteRuntime(db)
+    try:
+        await Research(passes=1).agent(runtime).run("go", session_id=session_id, user_id=user_id)
+    finally:
+        await runtime.close()
+
+
+def _cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, " ".join((captured.out + captured.err).split())
+
+
+def test_audit_then_verify_passes_and_a_tampered_log_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "journal.db"
+    asyncio.run(_run(db, "s1"))
+    asyncio.run(_run(db, "s2", "alice"))
+    code, out = _cli("audit", "--db", str(db), capsys=capsys)
+    assert code == 0 and "in 2 sessions, 0 rejected" in out, out
+    assert (tmp_path / "journal.audit.db").exists()
+    code, out = _cli("audit", "verify", "--db", str(db), capsys=capsys)
+    assert code == 0 and "verified 2 sessions" in out, out
+    code, out = _cli("audit", "verify", "--db", str(db), "--user", "alice", capsys=capsys)
+    assert code == 0 and "verified 1 session," in out and "s1" not in out, out
+
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            "UPDATE loomflow_events SET payload = replace(payload, '\"go\"', '\"stop\"') "
+            "WHERE session_id = 's1' AND seq = 2"
+        )
+    code, out = _cli("audit", "verify", "--db", str(db), capsys=capsys)
+    assert code == 1, out
+    assert "altered in session s1 (user -) at entry 2, log 2" in out, out
+    assert "verification failed: 1 problem in 1 of 2 sessions" in out, out
+
+
+def test_verify_before_any_audit_says_what_to_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "journal.db"
+    asyncio.run(_run(db, "s1"))
+    code, out = _cli("audit", "verify", "--db", str(db), capsys=capsys)
+    assert code == 1 and f"run `loomflow audit --db {db}` first" in out, out
+    code, out = _cli("audit", "--db", str(tmp_path / "missing.db"), capsys=capsys)
+    assert code == 1 and "no loomflow log at" in out, out
+    assert not (tmp_path / "missing.db").exists()
+
+
+def _tail(db: Path, *options: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomflow.cli", "tail", "--db", str(db), *options],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def _line(stream: object) -> str:
+    line = await asyncio.wait_for(asyncio.to_thread(stream.readline), 30)  # type: ignore[attr-defined]
+    assert line, "tail ended"
+    return str(line)
+
+
+async def test_tail_prints_events_appended_while_it_runs(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "before")
+    tail = _tail(db, "--session", "live")
+    try:
+        assert "following SQLite log" in await _line(tail.stderr)
+        await _run(db, "before-too")  # filtered away
+        await _run(db, "live")
+        first = await _line(tail.stdout)
+        lines = [first]
+        while "run.finished" not in lines[-1]:
+            lines.append(await _line(tail.stdout))
+    finally:
+        tail.send_signal(signal.SIGINT)
+        tail.wait(timeout=30)
+    assert tail.returncode == 0
+    assert "  live  -  #1  run.started  run" in lines[0]
+    assert all("  live  " in line for line in lines)
+    assert any("lookup(topic=" in line for line in lines), lines
+    assert "run.finished" in lines[-1] and "tokens" in lines[-1]
+
+
+async def test_tail_json_from_the_beginning(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "s1")
+    tail = _tail(db, "--from-beginning", "--json", "--type", "run.*")
+    try:
+        started = orjson.loads(await _line(tail.stdout))
+        finished = orjson.loads(await _line(tail.stdout))
+    finally:
+        tail.send_signal(signal.SIGTERM)
+        tail.wait(timeout=30)
+    assert (started["type"], finished["type"]) == ("run.started", "run.finished")
+    assert started["session_id"] == "s1" and started["position"] == "1"

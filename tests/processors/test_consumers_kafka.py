@@ -1,0 +1,198 @@
+"""The log's other readers on real Kafka and PostgreSQL: the audit group beside the
+projector's, ``audit verify``, and ``tail``, each started as the README starts it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loomflow.processors.reader import committed_offsets
+from loomflow.producers import EventProducer, scope_key
+from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.scenario import Research
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[KafkaEnv]:
+    made = await KafkaEnv.create(partitions=3)
+    yield made
+    await made.close()
+
+
+def _env_of(env: KafkaEnv) -> dict[str, str]:
+    """This process's environment with the test's LOOMFLOW_* settings instead of ours,
+    as a user's shell would have them."""
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    variables.update(env.variables(), PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="200")
+    return variables
+
+
+async def _loomflow(env: KafkaEnv, *argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "loomflow.cli",
+        *argv,
+        env=_env_of(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, " ".join(out.decode().split())
+
+
+async def _end_offsets(env: KafkaEnv) -> dict[int, int]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap)
+    await consumer.start()
+    try:
+        partitions = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
+        ends = await consumer.end_offsets(partitions)
+        return {tp.partition: offset for tp, offset in ends.items() if offset}
+    finally:
+        await consumer.stop()
+
+
+async def _research(env: KafkaEnv, *sessions: str) -> None:
+    runtime = env.runtime()
+    try:
+        for session in sessions:
+            await Research(passes=1).agent(runtime).run("go", session_id=session)
+    finally:
+        await runtime.close()
+
+
+async def test_audit_and_projector_read_the_same_topic_with_their_own_positions(
+    env: KafkaEnv,
+) -> None:
+    projector = await env.start_projector()
+    await _research(env, "a", "b")
+    code, out = await _loomflow(env, "audit")
+    assert code == 0 and "in 2 sessions, 0 rejected" in out, out
+    audited = await committed_offsets(env.settings, env.settings.audit_group)
+    assert audited == await _end_offsets(env)
+
+    # the audit is not running: the projector goes on alone, the audit group stays put
+    await _research(env, "c")
+    ends = await _end_offsets(env)
+    await eventually(
+        lambda: _passed(env, ends), what="the projector to pass the new session's events"
+    )
+    assert await committed_offsets(env.settings, env.settings.audit_group) == audited
+    code, out = await _loomflow(env, "audit", "verify")
+    assert code == 0, out
+    assert "verified 2 sessions" in out and "were not audited yet" in out, out
+
+    # the projector stopped; the audit catches up with what it never saw, and only that
+    await env.stop_projector(projector)
+    code, out = await _loomflow(env, "audit")
+    assert code == 0 and "in 1 session, 0 rejected" in out, out
+    assert await committed_offsets(env.settings, env.settings.audit_group) == ends
+    code, out = await _loomflow(env, "audit")
+    assert "audited 0 new records" in out, out  # replaying from the group adds nothing
+    code, out = await _loomflow(env, "audit", "verify")
+    assert code == 0 and "verified 3 sessions" in out, out
+
+
+async def _passed(env: KafkaEnv, ends: dict[int, int]) -> bool:
+    positions = await env.positions()
+    return all(positions.get(p, 0) >= end for p, end in ends.items())
+
+
+async def test_verify_finds_tampering_in_postgres_and_accepts_erasure(env: KafkaEnv) -> None:
+    await env.start_projector()
+    await _research(env, "kept", "gone")
+    runtime = env.runtime()
+    try:
+        assert await runtime.store.erase("gone")
+    finally:
+        await runtime.close()
+    code, out = await _loomflow(env, "audit")
+    assert code == 0, out
+    code, out = await _loomflow(env, "audit", "verify")
+    assert code == 0 and "verified 2 sessions" in out and "erased" in out, out
+
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        trail = f'"{env.schema}".audit_entries'
+        # erased content left the trail; the hashes stayed
+        bodies = await conn.fetch(
+            f"SELECT n, body IS NULL AS gone, type FROM {trail} WHERE session_id = 'gone' "
+            "ORDER BY n"
+        )
+        assert [r["gone"] for r in bodies] == [True] * (len(bodies) - 1) + [False]
+        assert bodies[-1]["type"] == "session.erased"
+        await conn.execute(f"DELETE FROM {trail} WHERE session_id = 'kept' AND n = 3")
+    finally:
+        await conn.close()
+    code, out = await _loomflow(env, "audit", "verify", "--session", "kept")
+    assert code == 1, out
+    assert re.search(r"deleted in session kept \(user -\) at entry 4", out), out
+
+
+async def test_audit_keeps_records_it_cannot_chain_and_goes_on(env: KafkaEnv) -> None:
+    producer = EventProducer(env.bootstrap, env.topics)
+    good = session_events("s1", passes=1, user="alice")
+    forged = good[1].model_copy(update={"user_id": "mallory"})
+    try:
+        await producer.send(good[:1])
+        await producer.send_raw(env.topics.events, b"{not json", key=scope_key("alice", "s1"))
+        # mallory's event, filed under alice's session key
+        await producer.send_raw(
+            env.topics.events, forged.model_dump_json().encode(), key=scope_key("alice", "s1")
+        )
+        await producer.send(good[1:])
+    finally:
+        await producer.stop()
+    code, out = await _loomflow(env, "audit")
+    assert code == 0, out
+    assert f"audited {len(good) + 2} new records" in out and "2 rejected" in out, out
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        reasons = [
+            r[0] for r in await conn.fetch(f'SELECT reason FROM "{env.schema}".audit_rejects')
+        ]
+    finally:
+        await conn.close()
+    assert any("Invalid JSON" in r for r in reasons) and any("not the scope" in r for r in reasons)
+    code, out = await _loomflow(env, "audit", "verify", "--user", "alice")
+    assert code == 0 and "verified 1 session," in out, out
+
+
+def _tail(env: KafkaEnv, *options: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomflow.cli", "tail", *options],
+        env=_env_of(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def test_tail_prints_events_appended_while_it_runs(env: KafkaEnv) -> None:
+    await env.start_projector()
+    tail = _tail(env, "--type", "run.*")
+    try:
+        assert tail.stderr is not None and tail.stdout is not None
+        ready = await asyncio.wait_for(asyncio.to_thread(tail.stderr.readline), 60)
+        assert "following Kafka topic" in ready
+        await _research(env, "live")
+        lines = [await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 60)]
+        lines.append(await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 60))
+    finally:
+        tail.send_signal(signal.SIGINT)
+        tail.wait(timeout=30)
+    assert tail.returncode == 0
+    assert "  live  -  #1  run.started  run" in lines[0], lines
+    assert "run.finished" in lines[1] and "completed after" in lines[1], lines

@@ -1,0 +1,106 @@
+"""The log reader over an embedded log: order, positions, prune notes, bad rows."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from loomflow.errors import StoreError
+from loomflow.processors.reader import drain, sqlite_reader
+from loomflow.projections import sqlite as sql
+from loomflow.runtime import SqliteRuntime
+from loomflow.schemas import RunStarted
+from tests.support.scenario import Research
+
+
+async def _run(db: Path, session_id: str) -> None:
+    runtime = SqliteRuntime(db)
+    try:
+        await Research(passes=1).agent(runtime).run("go", session_id=session_id)
+    finally:
+        await runtime.close()
+
+
+async def _all(db: Path) -> list[tuple[str, str, int]]:
+    out: list[tuple[str, str, int]] = []
+    async with sqlite_reader(db) as reader:
+        async for batch in drain(reader, max_records=3):
+            for r in batch:
+                kind = r.event.type if r.event else "note" if r.note else "bad"
+                session = r.event.session_id if r.event else r.note.session_id if r.note else "?"
+                out.append((kind, session, r.offset))
+    return out
+
+
+async def test_positions_only_grow_even_when_the_newest_rows_are_erased(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "a")
+    await _run(db, "b")
+    before = await _all(db)
+    assert [o for *_, o in before] == sorted(o for *_, o in before)
+    runtime = SqliteRuntime(db)
+    try:
+        assert await runtime.store.erase("b")  # b's rows are the newest ones
+    finally:
+        await runtime.close()
+    async with sqlite_reader(db, start={0: before[-1][2] + 1}) as reader:
+        (tombstone,) = [r async for batch in drain(reader) for r in batch]
+    # a reader that had passed b's rows still sees the erasure
+    assert tombstone.event is not None and tombstone.event.type == "session.erased"
+    assert tombstone.offset > before[-1][2]
+
+
+async def test_prune_leaves_a_note_in_log_order(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "a")
+    runtime = SqliteRuntime(db)
+    try:
+        await runtime.store.prune(session_id="a")
+    finally:
+        await runtime.close()
+    await _run(db, "b")
+    records = await _all(db)
+    kinds = [k for k, s, _ in records]
+    assert kinds[0] == "note" and records[0][1] == "a"
+    assert kinds[1] == "run.started" and {s for _, s, _ in records[1:]} == {"b"}
+
+
+async def test_start_at_the_end_reads_only_what_comes_after(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "a")
+    async with sqlite_reader(db, start="end") as reader:
+        assert await reader.at_end()
+        assert await reader.read(wait=0.05) == []
+        await _run(db, "b")
+        later = [r async for batch in drain(reader) for r in batch]
+    assert later and {r.event.session_id for r in later if r.event} == {"b"}
+
+
+async def test_a_missing_file_is_an_error_not_an_empty_log(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no loomflow log"):
+        async with sqlite_reader(tmp_path / "nope.db"):
+            pass
+    assert not (tmp_path / "nope.db").exists()
+
+
+async def test_a_log_written_by_the_first_schema_is_migrated_with_its_positions(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.executescript(sql._MIGRATIONS[1])
+    conn.execute("CREATE TABLE loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO loomflow_meta VALUES ('schema_version', '1')")
+    sql.insert_event(conn, RunStarted(session_id="old", run_id="r", seq=1, epoch=1))
+    conn.close()
+    await _run(db, "a")  # opened at version 2 from here on
+    old = await _all(db)
+    assert old[0] == ("run.started", "old", 1) and {s for _, s, _ in old[1:]} == {"a"}
+    with sqlite3.connect(db) as c:
+        version = c.execute("SELECT value FROM loomflow_meta").fetchone()[0]
+        autoincrement = c.execute(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'"
+        ).fetchone()
+    assert version == str(sql.SCHEMA_VERSION) and autoincrement == (old[-1][2],)

@@ -1,0 +1,99 @@
+"""The README's commands that read the log, run as written on an embedded journal.db,
+each printing a line of the shape the README shows under it."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from loomflow.runtime import SqliteRuntime
+from tests.support.readme import readme_block
+from tests.support.scenario import Research
+
+BIN = Path(sys.executable).parent
+
+
+def _documented() -> list[tuple[list[str], str]]:
+    """(command, the output line under it) of the README's audit block."""
+    lines = readme_block("loomflow audit --db journal.db", "sh").splitlines()
+    pairs = []
+    for command, shown in itertools.pairwise(lines):
+        if command.startswith("loomflow "):
+            assert shown.startswith("# "), f"no output shown under {command!r}"
+            pairs.append((shlex.split(command.split("  #")[0]), shown[2:]))
+    return pairs
+
+
+_OPEN = re.compile(r"sess[0-9a-z]+|\d+")
+
+
+def _shape(shown: str) -> re.Pattern[str]:
+    """The documented line with its ids, numbers and times left open."""
+    parts, last = [], 0
+    for match in _OPEN.finditer(shown):
+        parts.append(re.escape(shown[last : match.start()]))
+        parts.append(r"sess[0-9a-z]+" if match.group().startswith("sess") else r"\d+")
+        last = match.end()
+    parts.append(re.escape(shown[last:]))
+    return re.compile("".join(parts))
+
+
+def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=60)
+
+
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+async def _sessions(db: Path, *ids: str) -> None:
+    runtime = SqliteRuntime(db)
+    try:
+        for session_id in ids:
+            await Research(passes=1).agent(runtime).run("go", session_id=session_id)
+    finally:
+        await runtime.close()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    return dict(env, NO_COLOR="1", COLUMNS="300")
+
+
+async def test_each_command_prints_what_the_readme_shows(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _sessions(db, "sess1a", "sess2b")
+    commands = _documented()
+    assert [c[:2] for c, _ in commands] == [
+        ["loomflow", "audit"],
+        ["loomflow", "audit"],
+        ["loomflow", "tail"],
+    ]
+    for command, shown in commands:
+        argv = [str(BIN / command[0]), *command[1:]]
+        if command[1] != "tail":
+            done = await asyncio.to_thread(_run, argv, tmp_path)
+            assert done.returncode == 0, done.stderr
+            out = " ".join(done.stdout.split())
+            assert _shape(shown).search(out), (shown, out)
+            continue
+        tail = _start(argv, tmp_path)
+        try:
+            assert tail.stderr is not None and tail.stdout is not None
+            ready = await asyncio.wait_for(asyncio.to_thread(tail.stderr.readline), 30)
+            assert b"following" in ready
+            await _sessions(db, "sess3c")
+            line = await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 30)
+        finally:
+            tail.send_signal(signal.SIGINT)
+            tail.wait(timeout=30)
+        assert _shape(shown).search(line.decode().strip()), (shown, line)
