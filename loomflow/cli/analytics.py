@@ -207,6 +207,8 @@ def _print_tables(stats: Stats, by: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from loomflow.processors.analytics import ms_text
+
     # a pipe or a file gets every column, not 80 characters' worth
     console = Console(width=None if sys.stdout.isatty() else 160)
     table = Table(
@@ -227,8 +229,8 @@ def _print_tables(stats: Stats, by: str) -> None:
         ("cache write", lambda c: f"{c.cache_write_tokens:,}"),
         ("output", lambda c: f"{c.output_tokens:,}"),
         ("cost $", lambda c: f"{c.cost_usd:,.6f}"),
-        ("p50 ms", lambda c: _ms(c.latency.quantile(0.5))),
-        ("p95 ms", lambda c: _ms(c.latency.quantile(0.95))),
+        ("p50 ms", lambda c: ms_text(c.latency.quantile(0.5))),
+        ("p95 ms", lambda c: ms_text(c.latency.quantile(0.95))),
     ]
     table.add_column(by, footer="total", no_wrap=True)
     for name, cell in columns:
@@ -248,10 +250,6 @@ def _print_tables(stats: Stats, by: str) -> None:
         console.print(f"records not counted: {skipped}")
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
 def _report(args: argparse.Namespace) -> int:
     import logging
 
@@ -269,7 +267,12 @@ def _report(args: argparse.Namespace) -> int:
     if stats.empty:
         print(f"no runs {_period(args)} in {stats.source}; wrote {args.html}, which says so")
     else:
-        print(f"wrote {args.html}: {len(stats.rows)} rows, {len(stats.sessions)} sessions")
+        total = stats.totals()
+        hours = len({row.hour for row in stats.rows})
+        print(
+            f"wrote {args.html} (runs: {total.runs_started}, sessions: {len(stats.sessions)}, "
+            f"hours: {hours}, cost: ${total.cost_usd:,.6f})"
+        )
     return 0
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "admit",
     "contribution",
     "hour_of",
+    "ms_text",
     "run_transition",
 ]
 
@@ -141,6 +142,13 @@ class Histogram:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Histogram:
         return cls({int(k): int(v) for k, v in data.items()})
+
+
+def ms_text(value: float | None) -> str:
+    """A quantile for people: whole milliseconds, "<1" below one, "-" without samples."""
+    if value is None:
+        return "-"
+    return "<1" if value < 1 else f"{value:,.0f}"
 
 
 # --- counters -----------------------------------------------------------------------

@@ -37,8 +37,9 @@ from aiokafka.errors import KafkaError
 
 from loomflow.errors import InvalidEventError, StoreError
 from loomflow.processors.analytics import Stats, Tally
+from loomflow.processors.reader import committed_offsets
 from loomflow.producers import Topics, scope_key
-from loomflow.producers.topics import unreachable
+from loomflow.producers.topics import started
 from loomflow.schemas.codec import decode_event
 from loomflow.settings import Settings
 
@@ -80,7 +81,9 @@ def count_record(
         return _skip(ledgers, partition, "refused")
     tally = Tally.from_ledger(ledgers.get(scope))
     verdict = tally.add(event, contiguous=True)
-    if verdict.refused is not None:
+    if verdict.duplicate:  # a replay after a restart: expected, and not counted twice
+        logger.info("analytics: record %s skipped: %s", where, verdict.refused)
+    elif verdict.refused is not None:
         logger.warning("analytics: record %s skipped: %s", where, verdict.refused)
     ledgers[scope] = tally.to_ledger()
     return scope
@@ -154,19 +157,16 @@ async def read_stats(settings: Settings, *, within: float = 30.0) -> Stats:
     topic does not exist (the analytics app never ran on these settings).
     """
     topic = changelog_topic(settings)
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
-        enable_auto_commit=False,
-        key_deserializer=None,
-        value_deserializer=None,
-        request_timeout_ms=int(settings.connect_timeout * 1000),
+    consumer = await started(
+        AIOKafkaConsumer(
+            bootstrap_servers=settings.kafka_bootstrap,
+            enable_auto_commit=False,
+            request_timeout_ms=int(settings.connect_timeout * 1000),
+        ),
+        settings.kafka_bootstrap,
     )
     try:
-        await consumer.start()
-    except KafkaError as exc:
-        raise unreachable(settings.kafka_bootstrap, exc) from exc
-    try:
-        found = await consumer.partitions_for_topic(topic)
+        found = await _partitions(settings, topic)
         if not found:
             raise StoreError(
                 f"no analytics tables on {settings.kafka_bootstrap}: topic {topic} does not "
@@ -204,24 +204,38 @@ async def read_stats(settings: Settings, *, within: float = 30.0) -> Stats:
 
 
 async def lag(settings: Settings) -> int | None:
-    """Records of the events topic the analytics group has not consumed yet (None when
-    the group has committed nothing)."""
-    topics = Topics.from_settings(settings)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap)
+    """Records of the events topic the analytics group has not counted yet (None when the
+    group has committed nothing, or the broker does not say)."""
     try:
-        await admin.start()
-        await consumer.start()
-        committed = await admin.list_consumer_group_offsets(settings.analytics_group)
-        ours = {tp: meta.offset for tp, meta in committed.items() if tp.topic == topics.events}
+        ours = await committed_offsets(settings, settings.analytics_group)
         if not ours:
             return None
-        found = await consumer.partitions_for_topic(topics.events) or set()
-        ends = await consumer.end_offsets([TopicPartition(topics.events, p) for p in found])
-        behind: int = sum(max(0, end - max(ours.get(tp, 0), 0)) for tp, end in ends.items())
-        return behind
-    except KafkaError:
+        consumer = await started(
+            AIOKafkaConsumer(bootstrap_servers=settings.kafka_bootstrap),
+            settings.kafka_bootstrap,
+        )
+        try:
+            found = await _partitions(settings, settings.events_topic)
+            ends = await consumer.end_offsets(
+                [TopicPartition(settings.events_topic, p) for p in found]
+            )
+        finally:
+            await consumer.stop()
+    except (KafkaError, StoreError):
         return None
+    behind: int = sum(max(0, end - ours.get(tp.partition, 0)) for tp, end in ends.items())
+    return behind
+
+
+async def _partitions(settings: Settings, topic: str) -> set[int]:
+    """The topic's partitions; none when it does not exist."""
+    admin = await started(
+        AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap), settings.kafka_bootstrap
+    )
+    try:
+        (described,) = await admin.describe_topics([topic])
     finally:
-        await consumer.stop()
         await admin.close()
+    if described["error_code"]:  # 3: no such topic
+        return set()
+    return {p["partition"] for p in described["partitions"]}

@@ -14,7 +14,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from loomflow.processors.analytics import Counters, Stats, parse_hour
+from loomflow.processors.analytics import Counters, Stats, ms_text, parse_hour
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["render_report", "write_report"]
@@ -43,10 +43,6 @@ th:first-child, td:first-child { text-align: left; }
 """
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
 def _totals(total: Counters) -> str:
     cells = [
         ("runs started", f"{total.runs_started:,}"),
@@ -56,8 +52,8 @@ def _totals(total: Counters) -> str:
         ("tool calls", f"{total.tool_calls:,}"),
         ("tokens", f"{total.tokens:,}"),
         ("cost", f"${total.cost_usd:,.4f}"),
-        ("latency p50", f"{_ms(total.latency.quantile(0.5))} ms"),
-        ("latency p95", f"{_ms(total.latency.quantile(0.95))} ms"),
+        ("latency p50", f"{ms_text(total.latency.quantile(0.5))} ms"),
+        ("latency p95", f"{ms_text(total.latency.quantile(0.95))} ms"),
     ]
     return (
         '<div class="totals">'
@@ -135,7 +131,7 @@ def _slowest(stats: Stats) -> str:
         f"<td>{html.escape(s.session_id)}</td><td>{html.escape(s.user)}</td>"
         f"<td>{s.counters.model_calls:,}</td>"
         f"<td>{s.counters.latency_ms_total / 1000:,.2f}</td>"
-        f"<td>{_ms(s.counters.latency.quantile(0.95))}</td>"
+        f"<td>{ms_text(s.counters.latency.quantile(0.95))}</td>"
         f"<td>{s.span_s:,.1f}</td>"
         f"<td>${s.counters.cost_usd:,.4f}</td>"
         "</tr>"

@@ -32,6 +32,7 @@ from loomflow.processors.analytics import (
     Tally,
 )
 from loomflow.processors.reader import LogRecord, drain, sqlite_reader
+from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]
@@ -118,7 +119,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     if not path.parent.exists():
         raise StoreError(f"directory {path.parent} does not exist for the stats database {path}")
     try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(path, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")
         conn.executescript(_SCHEMA)  # IF NOT EXISTS: safe when two processes open it at once
@@ -265,15 +266,15 @@ async def update(
     if not await asyncio.to_thread(journal.exists):
         raise StoreError(f"no journal at {journal}: pass the SQLite file your runtime writes")
     path = stats or stats_path(journal)
-    conn = await asyncio.to_thread(_connect, path)
+    tables = SqliteThread(lambda: _connect(path), f"the stats database {path}")
     try:
-        start = dict(await _call(conn, _positions))
+        start = dict(await tables.call(_positions))
         reader = sqlite_reader(journal, start=start or "beginning")
         records = counted = skipped = 0
         async with reader:
             async for batch in drain(reader):
-                tally, skips = await _call(conn, _count, batch)
-                await _call(conn, _save, tally, skips, reader.next_positions())
+                tally, skips = await tables.call(_count, batch)
+                await tables.call(_save, tally, skips, reader.next_positions())
                 records += len(batch)
                 skipped += len(skips)
                 counted += sum(1 for r in batch if r.note is None) - len(skips)
@@ -281,19 +282,11 @@ async def update(
                     on_batch(records)
         return Progress(records, counted, skipped)
     finally:
-        conn.close()
+        await tables.close()
 
 
 def _positions(conn: sqlite3.Connection) -> list[tuple[int, int]]:
     return list(conn.execute("SELECT partition, next_offset FROM stats_positions"))
-
-
-async def _call(conn: sqlite3.Connection, fn: Callable[..., T], *args: Any) -> T:
-    # one connection, used by one call at a time, off the event loop
-    try:
-        return await asyncio.to_thread(fn, conn, *args)
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"stats database: {exc}") from exc
 
 
 def load(path: Path, *, source: str = "") -> Stats:

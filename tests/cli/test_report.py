@@ -22,7 +22,7 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from loomflow.cli import main
 from loomflow.runtime import SqliteRuntime, SqliteStore
 from loomflow.schemas import Event, Message, RunFinished, RunStarted, ToolCall, TurnAppended, Usage
-from tests.cli.test_stats import record_runs
+from tests.support.analytics import record_runs
 
 T = TypeVar("T")
 

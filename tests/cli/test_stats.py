@@ -1,130 +1,45 @@
-"""``loomflow stats``: the tables' totals are the sums over the events in the log.
-
-The expected sums are computed here from the log itself (the SQLite rows, or the Kafka
-topic's records, read as plain JSON), not with the aggregation code under test.
-"""
+"""``loomflow stats``: the tables' totals are the sums over the events in the log, on the
+embedded journal and on Kafka (see tests.support.analytics for how the sums are taken)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
-from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
-from loomflow import Agent, Message, Tuning
+from loomflow import Agent
 from loomflow.cli import main
-from loomflow.errors import ModelError
+from loomflow.errors import StoreError
 from loomflow.models import ScriptedModel
+from loomflow.processors.analytics import Stats
+from loomflow.processors.analytics_app import changelog_topic, read_stats
+from loomflow.processors.reader import committed_offsets
 from loomflow.runtime import SqliteRuntime
-from loomflow.schemas import Role
-
-TOKENS = ("input_tokens", "cached_input_tokens", "cache_write_tokens", "output_tokens")
-
-
-def lookup(city: str) -> str:
-    """Look up a city's population."""
-    return f"{city}: 709000"
-
-
-def note(text: str) -> str:
-    """Write a note."""
-    return "noted"
-
-
-def _script(messages: Sequence[Message]) -> Message | str:
-    """Call lookup, then note, then answer: two tool calls per prompt."""
-    last = messages[-1]
-    if last.role is Role.USER:
-        return ScriptedModel.tool_call("lookup", city="Oslo")
-    if last.role is Role.TOOL and messages[-2].tool_calls[0].name == "lookup":
-        return ScriptedModel.tool_call("note", text="Oslo is large")
-    return "Oslo has 709000 people."
-
-
-async def record_runs(agent_runtime: Any, *, users: Iterable[str] = ("ada", "bob")) -> None:
-    """Runs of two models for two users with tool calls, a resumed session that compacts,
-    and a run that fails."""
-    for k, user in enumerate(users):
-        for name in ("haiku-ish", "opus-ish"):
-            model = ScriptedModel(_script, name=name, latency=0.002 * (k + 1))
-            agent = Agent("x", model=model, runtime=agent_runtime, tools=[lookup, note])
-            first = await agent.run("How many people live in Oslo?", user_id=user)
-        compacting = Agent(
-            "x",
-            model=ScriptedModel(_script, name="opus-ish"),
-            runtime=agent_runtime,
-            tools=[lookup, note],
-            tuning=Tuning(checkpoint=True, auto_compact_at_tokens=1, compact_keep_messages=2),
-        )
-        await compacting.run("And Bergen?", session_id=first.session_id, user_id=user)
-    broken = Agent("x", model=ScriptedModel([], name="haiku-ish"), runtime=agent_runtime)
-    with pytest.raises(ModelError):
-        await broken.run("go", user_id="bob")
-
-
-def expected_sums(events: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Totals straight from (type, payload JSON) pairs: what stats must report."""
-    sums: Counter[str] = Counter()
-    cost = 0.0
-    per_model: Counter[str] = Counter()
-    for kind, payload in events:
-        if kind in ("run.started", "run.finished", "run.failed"):
-            sums[{"started": "runs_started", "finished": "runs_finished"}.get(
-                kind.split(".")[1], "runs_failed")] += 1  # fmt: skip
-        if kind not in ("turn.appended", "transcript.compacted"):
-            continue
-        usage = payload.get("usage", {})
-        for field in TOKENS:
-            sums[field] += usage.get(field, 0)
-            per_model[payload.get("model", "(unknown)")] += usage.get(field, 0)
-        cost += usage.get("cost_usd", 0.0)
-        if kind == "transcript.compacted" or payload.get("model_call"):
-            sums["model_calls"] += 1
-        if payload.get("model_call"):
-            sums["turns"] += 1
-        # a compaction's messages are the transcript again, not new calls
-        for message in payload.get("messages", []) if kind == "turn.appended" else []:
-            if message["role"] == "assistant":
-                sums["tool_calls"] += len(message.get("tool_calls", []))
-    return {
-        **{k: v for k, v in sums.items() if v},
-        "cost_usd": round(cost, 10),
-        "per_model_tokens": {k: v for k, v in per_model.items() if v},
-    }
-
-
-def log_events(journal: Path) -> list[tuple[str, dict[str, Any]]]:
-    """Every row of the journal's log that decodes as JSON, as (type, payload)."""
-    out = []
-    with sqlite3.connect(journal) as conn:
-        for kind, payload in conn.execute("SELECT type, payload FROM loomflow_events"):
-            try:
-                out.append((kind, orjson.loads(payload)))
-            except orjson.JSONDecodeError:
-                continue
-    return out
-
-
-def reported(data: dict[str, Any]) -> dict[str, Any]:
-    """The same figures from ``loomflow stats --json``."""
-    totals = data["totals"]
-    keys = ("runs_started", "runs_finished", "runs_failed", "turns", "model_calls", *TOKENS)
-    return {
-        **{k: totals[k] for k in (*keys, "tool_calls") if totals[k]},
-        "cost_usd": round(totals["cost_usd"], 10),
-        "per_model_tokens": {
-            row["model"]: sum(row[t] for t in TOKENS) for row in data["rows"] if "model" in row
-        },
-    }
+from tests.support.analytics import (
+    expected_sums,
+    log_events,
+    lookup,
+    note,
+    record_runs,
+    reported,
+    script,
+)
+from tests.support.kafka_env import KafkaEnv, ProcessorProcess
+from tests.support.readme import readme_block
+from tests.support.waiting import eventually
 
 
 def stats_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
@@ -267,7 +182,7 @@ def test_a_row_that_does_not_decode_and_a_forged_event_are_skipped_with_their_re
 async def _one_more_run(journal: Path) -> None:
     runtime = SqliteRuntime(journal)
     try:
-        model = ScriptedModel(_script, name="haiku-ish")
+        model = ScriptedModel(script, name="haiku-ish")
         await Agent("x", model=model, runtime=runtime, tools=[lookup, note]).run("go")
     finally:
         await runtime.close()
@@ -308,3 +223,171 @@ def test_the_command_runs_as_a_user_runs_it(journal: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "per model" in done.stdout and "opus-ish" in done.stdout
+
+
+# --- at scale: `loomflow analytics` on Kafka -------------------------------------------
+
+
+@pytest.fixture
+async def kafka_env() -> AsyncIterator[KafkaEnv]:
+    env = await KafkaEnv.create(partitions=2)
+    yield env
+    await env.close()
+    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
+    await admin.start()
+    try:  # the analytics app's own topics (its table's changelog), unknown to the environment
+        group = env.settings.analytics_group
+        assert changelog_topic(env.settings).startswith(f"{group}-")
+        ours = [t for t in await admin.list_topics() if t.startswith(f"{group}-")]
+        if ours:
+            await admin.delete_topics(ours)
+    finally:
+        await admin.close()
+
+
+def _analytics_command() -> list[str]:
+    """``loomflow analytics`` as the README starts it."""
+    block = readme_block("loomflow analytics", "sh")
+    line = next(x for x in block.splitlines() if x.startswith("loomflow analytics"))
+    command = line.split("#")[0].split()
+    assert command == ["loomflow", "analytics"]
+    return [str(Path(sys.executable).parent / "loomflow"), *command[1:]]
+
+
+async def _topic_events(env: KafkaEnv) -> list[tuple[bytes | None, bytes | None]]:
+    """Every record of the events topic, as (key, value)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tps = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        records: list[tuple[bytes | None, bytes | None]] = []
+
+        async def caught_up() -> bool:
+            for batch in (await consumer.getmany(timeout_ms=200)).values():
+                records.extend((r.key, r.value) for r in batch)
+            return all([await consumer.position(tp) >= ends[tp] for tp in tps])
+
+        await eventually(caught_up, what="the whole events topic to be read")
+        return records
+    finally:
+        await consumer.stop()
+
+
+@pytest.mark.kafka
+async def test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic(
+    kafka_env: KafkaEnv,
+) -> None:
+    env = kafka_env
+    analytics = ProcessorProcess(env.variables(), argv=_analytics_command())
+    try:
+        await env.start_projector()  # KafkaRuntime's runs wait for their claim to be applied
+        runtime = env.runtime()
+        try:
+            await record_runs(runtime)
+        finally:
+            await runtime.close()
+        # a record that does not decode, one filed under another session's key, and a
+        # stale writer's turn with a huge bill: none of them may count, none may stop it
+        genuine = await _topic_events(env)
+        bob = next(orjson.loads(v) for k, v in genuine if v and orjson.loads(v)["user_id"] == "bob")
+        forged = {
+            "user_id": "bob",
+            "session_id": bob["session_id"],
+            "run_id": "run_forged",
+            "seq": 10_000,
+            "epoch": 0,
+            "type": "turn.appended",
+            "payload": {
+                "messages": [{"role": "assistant", "content": "pay me"}],
+                "usage": {"input_tokens": 10**9, "cost_usd": 10_000.0},
+                "model_call": True,
+            },
+        }
+        producer = AIOKafkaProducer(bootstrap_servers=env.bootstrap)
+        await producer.start()
+        try:
+            key = f"bob/{bob['session_id']}".encode()
+            await producer.send_and_wait(env.topics.events, b"\xff not json", key=key)
+            await producer.send_and_wait(env.topics.events, orjson.dumps(forged), key=b"/x")
+            await producer.send_and_wait(env.topics.events, orjson.dumps(forged), key=key)
+        finally:
+            await producer.stop()
+        # ...and a run after them
+        runtime = env.runtime()
+        try:
+            await record_runs(runtime, users=("cy",))
+        finally:
+            await runtime.close()
+
+        everything = await _topic_events(env)
+        expected = expected_sums(
+            (e["type"], e["payload"])
+            for e in (orjson.loads(v) for k, v in everything if v and v.startswith(b"{"))
+            if e.get("run_id") != "run_forged"
+        )
+        assert expected["runs_started"] == 11 and expected["tool_calls"] == 18
+
+        async def materialised() -> dict[str, Any] | None:
+            assert analytics.poll() is None, analytics.output()[-3000:]
+            try:
+                stats = await read_stats(env.settings)
+            except StoreError:
+                return None  # the app has not created its table yet
+            got = _reported_stats(stats)
+            return got if got == expected and sum(stats.skipped.values()) == 3 else None
+
+        try:
+            await eventually(materialised, within=120, what="the tables to hold the sums")
+        except AssertionError as exc:
+            with contextlib.suppress(StoreError):
+                exc.add_note(f"{_reported_stats(await read_stats(env.settings))} != {expected}")
+            exc.add_note(analytics.output()[-3000:])
+            raise
+        stats = await read_stats(env.settings)
+        assert dict(stats.skipped) == {"undecodable": 1, "refused": 2}
+        assert analytics.poll() is None, analytics.output()[-3000:]
+
+        # its own group, beside the projector's, has counted the whole topic
+        async def committed() -> bool:
+            offsets = await committed_offsets(env.settings, env.settings.analytics_group)
+            return sum(offsets.values()) == len(everything)
+
+        await eventually(committed, what="the analytics group to commit the whole topic")
+
+        # what a user runs: `loomflow stats` with no --db reads the same tables
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [str(Path(sys.executable).parent / "loomflow"), "stats", "--json", "--by", "user"],
+            env=_user_env(env),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert {r["user"] for r in data["rows"]} == {"ada", "bob", "cy"}
+        assert {k: v for k, v in reported(data).items() if k != "per_model_tokens"} == {
+            k: v for k, v in expected.items() if k != "per_model_tokens"
+        }
+        output = analytics.output()
+        assert "does not decode" in output or "invalid event" in output, output[-3000:]
+        assert "is not its event's session" in output and "writer epoch 0" in output
+    finally:
+        output = analytics.stop()
+    assert "Traceback" not in output, output[-3000:]
+
+
+def _reported_stats(stats: Stats) -> dict[str, Any]:
+    """``reported`` of the library's Stats, as ``stats --json`` would print them."""
+    from loomflow.cli.analytics import _as_json
+
+    return reported(_as_json(stats, "model"))
+
+
+def _user_env(env: KafkaEnv) -> dict[str, str]:
+    variables = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    variables.update(env.variables(), NO_COLOR="1")
+    return variables

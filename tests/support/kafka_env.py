@@ -158,18 +158,25 @@ class KafkaEnv:
 
 
 class ProcessorProcess:
-    """``loomflow processor`` as its own process; its output goes to a file.
+    """``loomflow processor`` (or another worker: ``argv``) as its own process; its output
+    goes to a file.
 
     Not to a pipe: a pipe nobody reads fills up (aiokafka logs a line per failed
     reconnect while a broker restarts), and the processor then blocks on its own log.
     """
 
-    def __init__(self, variables: dict[str, str], *, loglevel: str = "warn") -> None:
+    def __init__(
+        self,
+        variables: dict[str, str],
+        *,
+        loglevel: str = "warn",
+        argv: list[str] | None = None,
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
         env.update(variables, PYTHONPATH=str(ROOT))
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", loglevel],
+            argv or [sys.executable, "-m", "loomflow.cli", "processor", "--loglevel", loglevel],
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
