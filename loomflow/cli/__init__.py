@@ -23,6 +23,7 @@ class CommandModule(Protocol):
     def add_parser(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         """Add its commands, each with ``set_defaults(handler=...)``."""
 
+
 #: the hidden subcommand the demo starts its worker process with (kept out of --help)
 WORKER_COMMAND = "_demo-worker"
 #: the extra that installs all a command needs, where [all] would be more than that
@@ -123,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: modules of the commands that read the log or a store: each has ``NAMES`` (the commands it
 #: adds), ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
-_MODULES: tuple[str, ...] = ()
+_MODULES: tuple[str, ...] = ("sessions",)
 
 
 def _command_modules() -> list[CommandModule]:
