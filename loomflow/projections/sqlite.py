@@ -152,6 +152,9 @@ _MIGRATIONS: dict[int, str] = {
         seqs TEXT,
         at TEXT NOT NULL
     );
+    CREATE INDEX loomflow_sessions_user_updated ON loomflow_sessions (user_id, updated_at);
+    CREATE INDEX loomflow_sessions_parent ON loomflow_sessions (user_id, parent_session_id)
+        WHERE parent_session_id IS NOT NULL;
     """,
 }
 
