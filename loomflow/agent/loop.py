@@ -57,7 +57,6 @@ from loomflow.schemas.events import (
     CheckpointWrittenPayload,
     RunFailedPayload,
     RunFinishedPayload,
-    SessionForkedPayload,
     TranscriptCompactedPayload,
     TurnAppendedPayload,
 )
@@ -366,11 +365,7 @@ class Agent:
     async def _fork(
         self, parent: Scope, checkpoint_id: str, prompt: str, options: _RunOptions
     ) -> RunResult:
-        state = await self.runtime.restore(parent, checkpoint_id)
-        if state is None:  # pruned between the lookup and now
-            raise CheckpointNotFoundError(
-                f"checkpoint {checkpoint_id} of {parent.describe()} disappeared before the fork"
-            )
+        origin = await self.runtime.fork_origin(parent, checkpoint_id)  # raises if pruned
         child = Scope(new_id("sess"), parent.user_id)
         writer = await self.runtime.open_session(
             child,
@@ -379,13 +374,7 @@ class Agent:
             from_checkpoint=checkpoint_id,
             metadata=dict(options.context.metadata),
             model=self.model.name,
-            fork=SessionForkedPayload(
-                parent_session_id=parent.session_id,
-                parent_checkpoint_id=checkpoint_id,
-                messages=state.messages,
-                turn=state.turns,
-                cumulative_usage=state.usage,
-            ),
+            fork=origin,
         )
         restored = await self.runtime.restore(child)
         return await _Run(self, writer, restored, options).drive(prompt)

@@ -124,7 +124,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: modules of the commands that read the log or a store: each has ``NAMES`` (the commands it
 #: adds), ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
-_MODULES: tuple[str, ...] = ("analytics", "audit", "tail")
+_MODULES: tuple[str, ...] = ("analytics", "audit", "sessions", "tail")
 
 
 def _command_modules() -> list[CommandModule]:

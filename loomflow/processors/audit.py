@@ -160,23 +160,23 @@ async def verify_trail(
     ``fresh_reader``, up to the positions ``audited`` (partition -> next offset) that
     the trail has reached."""
     chains: dict[ScopeKey, list[Entry]] = defaultdict(list)
-    audited = dict(audited)
     for entry in await trail.entries(user_id, session_id):
         chains[entry.scope].append(entry)
-        # an entry written before its group's commit (a crash between the two) is audited
-        partition, offset = _where(entry.position)
-        audited[partition] = max(audited.get(partition, 0), offset + 1)
+    chained = {e.key for entries in chains.values() for e in entries}
     log: dict[ScopeKey, list[Link]] = defaultdict(list)
     held: set[tuple[int, int]] = set()
     undecodable: dict[str, str] = {}
     unaudited = 0
     async for batch in drain(fresh_reader):
         for record in batch:
-            if record.offset >= audited.get(record.partition, 0):
+            link = link_of(record)
+            beyond = record.offset >= audited.get(record.partition, 0)
+            # past the group's commit, a record is audited when its entry was written (a
+            # crash between the trail's commit and the group's)
+            if beyond and (link is None or link.key not in chained):
                 unaudited += 1
                 continue
             held.add((record.partition, record.offset))
-            link = link_of(record)
             if link is None:
                 undecodable[record.position] = record.error or "not an event"
                 continue

@@ -49,6 +49,7 @@ __all__ = [
     "apply",
     "decode_event_row",
     "insert_event",
+    "list_sessions",
     "load_session",
     "migrate",
     "save_session",
@@ -151,8 +152,23 @@ _MIGRATIONS: dict[int, str] = {
         seqs TEXT,
         at TEXT NOT NULL
     );
+    CREATE INDEX loomflow_sessions_user_updated ON loomflow_sessions (user_id, updated_at);
+    CREATE INDEX loomflow_sessions_parent ON loomflow_sessions (user_id, parent_session_id)
+        WHERE parent_session_id IS NOT NULL;
     """,
 }
+
+
+def _version(conn: sqlite3.Connection) -> int | None:
+    """The schema version loomflow recorded in the file; None when it is not a loomflow
+    store (another application's database, an empty file)."""
+    try:
+        row = conn.execute(
+            "SELECT value FROM loomflow_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    except sqlite3.OperationalError:  # no such table
+        return None
+    return None if row is None else int(row[0])
 
 
 def migrate(conn: sqlite3.Connection) -> None:
@@ -162,10 +178,7 @@ def migrate(conn: sqlite3.Connection) -> None:
         conn.execute(
             "CREATE TABLE IF NOT EXISTS loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
         )
-        row = conn.execute(
-            "SELECT value FROM loomflow_meta WHERE key = 'schema_version'"
-        ).fetchone()
-        current = int(row[0]) if row else 0
+        current = _version(conn) or 0
         if current > SCHEMA_VERSION:
             raise StoreError(
                 f"this store has schema version {current}, newer than {SCHEMA_VERSION}: "
@@ -185,11 +198,24 @@ def migrate(conn: sqlite3.Connection) -> None:
         raise
 
 
-def connect(path: Path, busy_timeout_ms: int) -> sqlite3.Connection:
-    """Open the file in WAL mode, creating or migrating its tables."""
+def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3.Connection:
+    """Open the file in WAL mode, creating or migrating its tables.
+
+    ``create=False`` opens only an existing loomflow store: a missing file, or one that
+    loomflow did not create, is refused before anything is written to it.
+    """
+    if not create and not path.is_file():
+        raise StoreError(f"no loomflow store at {path}: the file does not exist")
     try:
-        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        if create:
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        else:  # mode=rw: never create the file, even if it vanishes after the check above
+            target = f"{path.resolve().as_uri()}?mode=rw"
+            conn = sqlite3.connect(target, isolation_level=None, check_same_thread=True, uri=True)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if not create and _version(conn) is None:
+            conn.close()
+            raise StoreError(f"{path} is not a loomflow store (it has no loomflow tables)")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         conn.execute("PRAGMA synchronous = NORMAL")
         migrate(conn)
@@ -219,6 +245,31 @@ def load_session(
         (_uid(user_id), session_id),
     ).fetchone()
     return None if row is None else session_from_row(row)
+
+
+def list_sessions(
+    conn: sqlite3.Connection,
+    user_id: str | None,
+    any_user: bool,
+    parent_session_id: str | None,
+    limit: int,
+) -> list[SessionRow]:
+    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
+    ``any_user``), the most recently active first; with ``parent_session_id``, only the
+    sessions forked from it."""
+    where, params = ["status <> 'erased'"], []
+    if not any_user:
+        where.append("user_id = ?")
+        params.append(_uid(user_id))
+    if parent_session_id is not None:
+        where.append("parent_session_id = ?")
+        params.append(parent_session_id)
+    rows = conn.execute(
+        f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions WHERE {' AND '.join(where)} "
+        "ORDER BY updated_at DESC, user_id, session_id LIMIT ?",
+        (*params, limit),
+    ).fetchall()
+    return [session_from_row(row) for row in rows]
 
 
 def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 from loomflow.errors import (
+    CheckpointNotFoundError,
     CorruptRecordError,
     InvalidIdError,
     SequenceConflictError,
@@ -24,6 +25,7 @@ from loomflow.schemas import (
     RunStarted,
     SessionForked,
     Usage,
+    new_id,
 )
 from loomflow.schemas.events import (
     RunStartedPayload,
@@ -131,6 +133,59 @@ class Runtime(Resource):
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"
         )
+
+    async def fork_origin(self, parent: Scope, checkpoint_id: str) -> SessionForkedPayload:
+        """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage and the
+        transcript, turn and usage at that checkpoint (the ``session.forked`` payload).
+
+        Raises CheckpointNotFoundError when the checkpoint is not one of ``parent``'s.
+        """
+        state = await self.restore(parent, checkpoint_id)
+        if state is None:
+            raise CheckpointNotFoundError(
+                f"no checkpoint {checkpoint_id} for {parent.describe()}; list them with "
+                "agent.list_checkpoints(session_id, user_id=...)"
+            )
+        return SessionForkedPayload(
+            parent_session_id=parent.session_id,
+            parent_checkpoint_id=checkpoint_id,
+            messages=state.messages,
+            turn=state.turns,
+            cumulative_usage=state.usage,
+        )
+
+    async def fork(
+        self, parent: Scope, checkpoint_id: str, *, session_id: str | None = None
+    ) -> Scope:
+        """Start a new session of the same user from a checkpoint of ``parent``, without
+        running it; return the new session's scope.
+
+        The new session holds one event, the ``session.forked`` a fork by
+        ``agent.resume(..., from_checkpoint=...)`` starts with, so it is resumed or run
+        like any other session (its transcript is the parent's at the checkpoint).
+        ``session_id`` names it (a new ``sess…`` id when None). Raises
+        CheckpointNotFoundError for a checkpoint that is not ``parent``'s, InvalidIdError
+        when ``session_id`` exists.
+        """
+        origin = await self.fork_origin(parent, checkpoint_id)
+        child = Scope.of(new_id("sess") if session_id is None else session_id, parent.user_id)
+        taken = InvalidIdError(f"fork target {child.describe()} already exists")
+        if await self._store.session(child) is not None:
+            raise taken
+        event = SessionForked(
+            user_id=child.user_id,
+            session_id=child.session_id,
+            run_id=new_id("run"),  # no run yet: the first one claims the session after this
+            seq=1,
+            epoch=1,
+            payload=origin,
+        )
+        try:
+            await self._store.append([event])
+            await self._store.confirm(child)
+        except SequenceConflictError:
+            raise taken from None  # created by someone else between the check and the write
+        return child
 
     async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:
         """Rebuild the session at its last event, or at a checkpoint; None if unknown."""

@@ -16,7 +16,7 @@ from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
 from loomflow.schemas import Event
 from loomflow.settings import Settings
@@ -58,7 +58,9 @@ class PostgresStore(DatabaseStore):
     applied again with a savepoint per append, so a refused append fails alone. Sessions
     touched are row-locked, so several stores (processes) may share the schema; a writer
     that lost a race gets a typed refusal. The pool is created on first use (or by
-    ``open``), and the schema is created and migrated then.
+    ``open``), and the schema is created and migrated then. ``create=False`` opens only
+    a schema that exists (for tools that inspect one): a missing one raises StoreError
+    and is not created.
     """
 
     def __init__(
@@ -70,6 +72,7 @@ class PostgresStore(DatabaseStore):
         max_size: int = 10,
         connect_timeout: float = 10.0,
         auto_migrate: bool = True,
+        create: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise ValueError("dsn must be a postgresql:// URL")
@@ -78,6 +81,7 @@ class PostgresStore(DatabaseStore):
         self._pool_options = {"min_size": min_size, "max_size": max_size}
         self._connect_timeout = connect_timeout
         self.auto_migrate = auto_migrate
+        self.create = create
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening = asyncio.Lock()
@@ -136,6 +140,11 @@ class PostgresStore(DatabaseStore):
             ) from exc
         try:
             async with pool.acquire() as conn:
+                if not self.create and not await pg.schema_version(conn, self.schema):
+                    raise StoreError(
+                        f"no loomflow schema {self.schema!r} in PostgreSQL at "
+                        f"{_redact(self.dsn)}: check the schema name (LOOMFLOW_SCHEMA)"
+                    )
                 if self.auto_migrate:
                     await pg.migrate(conn, self.schema)
                 else:
@@ -196,8 +205,13 @@ class PostgresStore(DatabaseStore):
 
     queries: ClassVar[Any] = pg.reads
 
-    async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
-        return await self._call(query, scope.user_id, scope.session_id, *args)
+    async def _query(self, query: Callable[..., Any], *args: Any) -> Any:
+        return await self._call(query, *args)
+
+    async def consumed_topics(self) -> list[tuple[str, str]]:
+        """(consumer group, topic) of the Kafka consumers that project into this schema;
+        empty when it is PostgresRuntime's own log."""
+        return await self._call(pg.consumed_topics)
 
     async def matching_sessions(self, match: PruneFilter) -> list[SessionRow]:
         """The live sessions that ``match`` selects."""

@@ -17,7 +17,7 @@ from loomflow.projections.fold import PruneFilter
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult, Scope
+from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
 from loomflow.schemas import Event
 
@@ -36,11 +36,22 @@ class SqliteStore(DatabaseStore):
     stores (in one process or several) may share a file: WAL lets readers run beside
     the one writer, and each commit is a ``BEGIN IMMEDIATE`` transaction that waits its
     turn (``busy_timeout``).
+
+    ``create=False`` opens only a file that already is a loomflow store (for tools that
+    inspect one): a missing file or another application's database raises StoreError
+    and is left as it was.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, busy_timeout_ms: int = 30_000) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        busy_timeout_ms: int = 30_000,
+        create: bool = True,
+    ) -> None:
         self.path = Path(path)
         self._busy_timeout_ms = busy_timeout_ms
+        self.create = create
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loomflow-sqlite")
         self._conn: sqlite3.Connection | None = None
         self._closed = False
@@ -69,7 +80,7 @@ class SqliteStore(DatabaseStore):
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"directory {self.path.parent} does not exist for store {self.path}")
-        self._conn = sql.connect(self.path, self._busy_timeout_ms)
+        self._conn = sql.connect(self.path, self._busy_timeout_ms, create=self.create)
         return self._conn
 
     async def open(self) -> None:
@@ -106,8 +117,8 @@ class SqliteStore(DatabaseStore):
 
     queries: ClassVar[Any] = sql
 
-    async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
-        return await self._call(query, scope.user_id, scope.session_id, *args)
+    async def _query(self, query: Callable[..., Any], *args: Any) -> Any:
+        return await self._call(query, *args)
 
 
 class SqliteRuntime(Runtime):

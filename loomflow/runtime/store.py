@@ -174,9 +174,9 @@ class DatabaseStore(EventStore):
     """The reads of a store whose read model is a database (SQLite, PostgreSQL).
 
     A backend names the module of its read queries (``queries``: functions taking the
-    connection, then the user id and session id, then the read's own arguments) and says
-    how one runs (``_read``); the reads, and a transcript cache that follows this store's
-    appends, are the same for all of them.
+    connection, then the user id and session id, then the read's own arguments; listing
+    takes the user alone) and says how one runs (``_query``); the reads, and a transcript
+    cache that follows this store's appends, are the same for all of them.
     """
 
     #: the backend's module of read queries (see the projections package)
@@ -186,8 +186,13 @@ class DatabaseStore(EventStore):
         self._cache = TranscriptCache()
 
     @abstractmethod
+    async def _query(self, query: Callable[..., Any], *args: Any) -> Any:
+        """Run ``query(connection, [schema,] *args)``."""
+
     async def _read(self, query: Callable[..., Any], scope: Scope, *args: Any) -> Any:
-        """Run ``query(connection, [schema,] user_id, session_id, *args)``."""
+        """Run a query of one session: ``query(connection, [schema,] user_id, session_id,
+        *args)``."""
+        return await self._query(query, scope.user_id, scope.session_id, *args)
 
     def forget(self, scope: Scope | None = None) -> None:
         """Drop what the transcript cache holds of the session (of every session: None)."""
@@ -196,6 +201,31 @@ class DatabaseStore(EventStore):
     async def session(self, scope: Scope) -> SessionRow | None:
         row: SessionRow | None = await self._read(self.queries.load_session, scope)
         return row
+
+    async def list_sessions(
+        self, *, user_id: Any, parent_session_id: str | None = None, limit: int = 100
+    ) -> list[SessionRow]:
+        """Up to ``limit`` sessions, the most recently active first; metadata only.
+
+        ``user_id`` has no default: a user's id, None for the sessions run without a
+        user, or ``ANY_USER`` for every user's. With ``parent_session_id``, only the
+        sessions forked from that session. Erased sessions are not listed.
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive int, not {limit!r}")
+        any_user = user_id is ANY_USER
+        if not any_user and user_id is not None:
+            validate_id(user_id, "user_id")
+        if parent_session_id is not None:
+            validate_id(parent_session_id, "parent_session_id")
+        rows: list[SessionRow] = await self._query(
+            self.queries.list_sessions,
+            None if any_user else user_id,
+            any_user,
+            parent_session_id,
+            limit,
+        )
+        return rows
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         row: CheckpointRow | None = await self._read(

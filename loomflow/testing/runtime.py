@@ -425,6 +425,42 @@ class RuntimeConformance(RunKeywords, Suite):
         )
         assert follow.session_id == fork.session_id and follow.restored_turns == 9
 
+    async def test_a_fork_made_without_a_run_resumes_from_its_checkpoint(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        research = Research(passes=3)
+        agent = await research.ran(new_runtime(), user_id="alice")
+        metas = await agent.list_checkpoints("s1", user_id="alice")
+        older = metas[-1]  # the first pass
+        runtime = new_runtime()
+        calls = research.model_calls
+        child = await runtime.fork(Scope("s1", "alice"), older.checkpoint_id, session_id="alt")
+        assert child == Scope("alt", "alice") and research.model_calls == calls
+        assert [e.type for e in await runtime.store.read_events(child)] == ["session.forked"]
+        row = await runtime.store.session(child)
+        assert row is not None and row.last_run_id is None and row.turns == older.turn
+        assert (row.parent_session_id, row.parent_checkpoint_id) == ("s1", older.checkpoint_id)
+        assert (await runtime.fork(Scope("s1", "alice"), older.checkpoint_id)).session_id != "alt"
+        with pytest.raises(InvalidIdError, match="already exists"):
+            await runtime.fork(Scope("s1", "alice"), metas[0].checkpoint_id, session_id="alt")
+        with pytest.raises(CheckpointNotFoundError):  # alice's checkpoint, not bob's
+            await runtime.fork(Scope("s1", "bob"), older.checkpoint_id)
+
+        # resumed like any session: no checkpoint of its own yet, so its log is replayed
+        fork = await research.agent(new_runtime()).resume(
+            "Try another angle.", session_id="alt", user_id="alice"
+        )
+        assert fork.session_id == "alt" and fork.parent_session_id == "s1"
+        assert fork.restored_turns == older.turn == 3 and fork.turns == 9
+        assert research.model_calls - calls == 6  # passes two and three, in the fork
+        first = await runtime.get_checkpoint(
+            child, (await agent.list_checkpoints("alt", user_id="alice"))[-1].checkpoint_id
+        )
+        older_full = await runtime.get_checkpoint(Scope("s1", "alice"), older.checkpoint_id)
+        assert first is not None and older_full is not None
+        assert first.messages[: len(older_full.messages)] == older_full.messages
+        assert await agent.list_checkpoints("s1", user_id="alice") == metas
+
     async def test_latest_checkpoint_id_continues_in_place(
         self, new_runtime: Opened[Runtime]
     ) -> None:

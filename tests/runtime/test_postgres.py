@@ -21,7 +21,7 @@ from loomflow.errors import (
     StoreError,
 )
 from loomflow.projections import postgres as pg
-from loomflow.runtime import PostgresRuntime, Scope, SessionWriter
+from loomflow.runtime import PostgresRuntime, PostgresStore, Scope, SessionWriter
 from loomflow.schemas import (
     CheckpointsPruned,
     CheckpointWritten,
@@ -105,6 +105,24 @@ async def test_a_schema_from_a_newer_loomflow_is_refused(dsn: str, schema: str) 
     await conn.close()
     with pytest.raises(StoreError, match="upgrade loomflow"):
         await PostgresRuntime.connect(dsn, schema=schema)
+
+
+async def test_a_store_opened_only_to_inspect_never_creates_a_schema(dsn: str, schema: str) -> None:
+    with pytest.raises(StoreError, match=f"no loomflow schema '{schema}'"):
+        async with PostgresStore(dsn, schema=schema, create=False):
+            pass
+    conn = await asyncpg.connect(dsn)
+    try:
+        assert await pg.schema_version(conn, schema) == 0
+        assert not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema)
+    finally:
+        await conn.close()
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    async with PostgresStore(dsn, schema=schema, create=False) as store:  # now it exists
+        row = await store.session(Scope("s1"))
+        assert row is not None and row.status == "finished"
+        assert await store.consumed_topics() == []  # its own log, no Kafka consumer
 
 
 @pytest.mark.parametrize("bad", ["", "Loomflow", "lf-test", "1lf", 'lf"; drop', "pg_lf", "x" * 49])

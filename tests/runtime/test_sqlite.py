@@ -16,7 +16,7 @@ import pytest
 
 from loomflow import Message
 from loomflow.errors import CorruptRecordError, StoreError
-from loomflow.runtime import Scope, SqliteRuntime
+from loomflow.runtime import Scope, SqliteRuntime, SqliteStore
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
 from tests.support.scenario import Research
@@ -112,6 +112,32 @@ async def test_missing_directory_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not exist"):
         await runtime.list_checkpoints(Scope("s1"))
     await runtime.close()
+
+
+async def test_a_store_opened_only_to_inspect_never_creates_or_alters_a_file(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "journal.db"
+    with pytest.raises(StoreError, match="does not exist"):
+        async with SqliteStore(missing, create=False):
+            pass
+    assert not missing.exists()
+
+    other = tmp_path / "app.db"  # another application's database
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE notes (body TEXT)")
+    before = other.read_bytes()
+    with pytest.raises(StoreError, match="not a loomflow store"):
+        async with SqliteStore(other, create=False):
+            pass
+    assert other.read_bytes() == before  # no loomflow tables, still not in WAL mode
+
+    runtime = SqliteRuntime(missing)
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    await runtime.close()
+    async with SqliteStore(missing, create=False) as store:  # an existing store opens
+        row = await store.session(Scope("s1"))
+        assert row is not None and row.status == "finished"
 
 
 async def test_a_store_from_a_newer_version_is_refused(tmp_path: Path) -> None:

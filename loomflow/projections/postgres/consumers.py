@@ -14,6 +14,7 @@ __all__ = [
     "DeadLetterRow",
     "ProcessorRow",
     "add_dead_letters",
+    "consumed_topics",
     "find_refusal",
     "forget_processor",
     "list_processors",
@@ -61,6 +62,15 @@ async def load_positions(
         topic,
     )
     return {int(r[0]): int(r[1]) for r in rows}
+
+
+async def consumed_topics(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str]]:
+    """(consumer, topic) of every consumer that recorded positions in the schema: a
+    schema with any is the read model of a Kafka log, which writes must go through."""
+    rows = await conn.fetch(
+        f"SELECT DISTINCT consumer, topic FROM {quoted(schema)}.positions ORDER BY 1, 2"
+    )
+    return [(r[0], r[1]) for r in rows]
 
 
 async def save_positions(

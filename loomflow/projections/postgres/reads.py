@@ -39,6 +39,7 @@ __all__ = [
     "get_step",
     "latest_snapshots",
     "list_checkpoints",
+    "list_sessions",
     "load_session",
     "match_sessions",
     "read_events",
@@ -61,6 +62,34 @@ async def load_session(
         session_id,
     )
     return None if row is None else session_from_row(row)
+
+
+async def list_sessions(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    any_user: bool,
+    parent_session_id: str | None,
+    limit: int,
+) -> list[SessionRow]:
+    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
+    ``any_user``), the most recently active first; with ``parent_session_id``, only the
+    sessions forked from it."""
+    args: list[Any] = []
+    where = ["status <> 'erased'"]
+    if not any_user:
+        args.append(uid(user_id))
+        where.append(f"user_id = ${len(args)}")
+    if parent_session_id is not None:
+        args.append(parent_session_id)
+        where.append(f"parent_session_id = ${len(args)}")
+    args.append(limit)
+    rows = await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)} "
+        f"ORDER BY updated_at DESC, user_id, session_id LIMIT ${len(args)}",
+        *args,
+    )
+    return [session_from_row(row) for row in rows]
 
 
 async def match_sessions(

@@ -139,8 +139,14 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (consumer, topic, worker)
     );
     """,
-    # the audit trail of `loomflow audit` (projections/audit.py)
-    3: POSTGRES_DDL,
+    # the audit trail of `loomflow audit` (projections/audit.py); one user's sessions by
+    # activity, and the forks of a session (`loomflow sessions ls / show`)
+    3: POSTGRES_DDL
+    + """
+    CREATE INDEX sessions_user_updated ON {s}.sessions (user_id, updated_at);
+    CREATE INDEX sessions_parent ON {s}.sessions (user_id, parent_session_id)
+        WHERE parent_session_id IS NOT NULL;
+    """,
 }
 
 
