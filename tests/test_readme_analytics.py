@@ -3,29 +3,20 @@ leaves, each printing a line of the shape the README shows under it."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.readme import readme_block
+from tests.support.readme import documented_commands, readme_block
 
 BIN = Path(sys.executable).parent
 _NUMBER = re.compile(r"<?\d[\d,]*(?:\.\d+)?")
 
 
 def _documented() -> list[tuple[list[str], str]]:
-    """(command, the output line under it) of the README's stats block."""
-    lines = readme_block("loomflow stats --db journal.db", "sh").splitlines()
-    pairs = []
-    for command, shown in itertools.pairwise(lines):
-        if command.startswith("loomflow "):
-            assert shown.startswith("# "), f"no output shown under {command!r}"
-            pairs.append((shlex.split(command.split("  #")[0]), shown[2:]))
-    return pairs
+    return documented_commands("loomflow stats --db journal.db")
 
 
 def _shape(shown: str) -> re.Pattern[str]:

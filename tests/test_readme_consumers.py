@@ -4,31 +4,22 @@ each printing a line of the shape the README shows under it."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import re
-import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from loomflow.runtime import SqliteRuntime
-from tests.support.readme import readme_block
+from tests.support.readme import documented_commands
 from tests.support.scenario import Research
 
 BIN = Path(sys.executable).parent
 
 
 def _documented() -> list[tuple[list[str], str]]:
-    """(command, the output line under it) of the README's audit block."""
-    lines = readme_block("loomflow audit --db journal.db", "sh").splitlines()
-    pairs = []
-    for command, shown in itertools.pairwise(lines):
-        if command.startswith("loomflow "):
-            assert shown.startswith("# "), f"no output shown under {command!r}"
-            pairs.append((shlex.split(command.split("  #")[0]), shown[2:]))
-    return pairs
+    return documented_commands("loomflow audit --db journal.db")
 
 
 _OPEN = re.compile(r"sess[0-9a-z]+|\d+")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from loomflow.settings import Settings
 
-__all__ = ["WORKER_COMMAND", "CommandModule", "main"]
+__all__ = ["WORKER_COMMAND", "CommandModule", "add_loglevel", "main"]
 
 
 class CommandModule(Protocol):
@@ -38,6 +38,16 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
     return value
+
+
+def add_loglevel(parser: argparse.ArgumentParser) -> None:
+    """The ``--loglevel`` of a command that runs a faust worker."""
+    parser.add_argument(
+        "--loglevel",
+        default="info",
+        choices=("crit", "error", "warn", "info", "debug"),
+        help="(default: %(default)s)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,12 +96,7 @@ def _parser() -> argparse.ArgumentParser:
         "LOOMFLOW_TOPIC_PREFIX, LOOMFLOW_TOPIC_PARTITIONS, LOOMFLOW_PROCESSOR_ID); with none "
         "set, both use the same defaults.",
     )
-    processor.add_argument(
-        "--loglevel",
-        default="info",
-        choices=("crit", "error", "warn", "info", "debug"),
-        help="(default: %(default)s)",
-    )
+    add_loglevel(processor)
     rebuild = commands.add_parser(
         "rebuild",
         help="replay the Kafka log from the beginning into an empty PostgreSQL schema",

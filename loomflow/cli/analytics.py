@@ -10,36 +10,20 @@ plotly, aiokafka, faust) load in the handlers.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from loomflow.cli import add_loglevel
+from loomflow.cli.sessions import parse_when
 
 if TYPE_CHECKING:
     from loomflow.processors.analytics import Counters, Stats
 
-__all__ = ["NAMES", "add_parser", "parse_since"]
+__all__ = ["NAMES", "add_parser"]
 
 NAMES = ("stats", "report", "analytics")
-
-_AGE = re.compile(r"(\d+)\s*(m|min|h|d|w)")
-_UNITS = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-def parse_since(text: str, *, now: datetime | None = None) -> datetime:
-    """An ISO date or time (UTC unless it says otherwise) or an age: 90m, 24h, 7d, 2w."""
-    age = _AGE.fullmatch(text.strip())
-    if age:
-        return (now or datetime.now(UTC)) - timedelta(**{_UNITS[age[2]]: int(age[1])})
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither a date or time (2026-12-01, 2026-12-01T09:00) nor an age "
-            "(90m, 24h, 7d, 2w)"
-        ) from None
-    return when if when.tzinfo else when.replace(tzinfo=UTC)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -86,12 +70,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "compacted changelog topic. Configured by the LOOMFLOW_* environment, like "
         "`loomflow processor`.",
     )
-    analytics.add_argument(
-        "--loglevel",
-        default="info",
-        choices=("crit", "error", "warn", "info", "debug"),
-        help="(default: %(default)s)",
-    )
+    add_loglevel(analytics)
     analytics.set_defaults(handler=_analytics)
 
 
@@ -107,7 +86,7 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--since",
-        type=parse_since,
+        type=parse_when,
         metavar="WHEN",
         help="only hours from WHEN on: a date or time (2026-12-01, 2026-12-01T09:00, UTC "
         "unless an offset is given) or an age (90m, 24h, 7d, 2w)",

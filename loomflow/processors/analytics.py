@@ -43,8 +43,10 @@ from loomflow.schemas import (
 from loomflow.schemas.codec import decode_event
 
 __all__ = [
+    "COUNTS",
     "NO_MODEL",
     "NO_USER",
+    "SUMS",
     "Contribution",
     "Counters",
     "Dimension",
@@ -153,7 +155,8 @@ def ms_text(value: float | None) -> str:
 
 # --- counters -----------------------------------------------------------------------
 
-_INTS = (
+#: the counts of :class:`Counters`, then its two sums: the columns a table stores them in
+COUNTS = (
     "runs_started",
     "runs_finished",
     "runs_failed",
@@ -164,6 +167,7 @@ _INTS = (
     "cache_write_tokens",
     "output_tokens",
 )
+SUMS = ("cost_usd", "latency_ms_total")
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,7 @@ class Counters:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {name: getattr(self, name) for name in _INTS}
+        data: dict[str, Any] = {name: getattr(self, name) for name in COUNTS}
         data.update(
             cost_usd=self.cost_usd,
             latency_ms_total=self.latency_ms_total,

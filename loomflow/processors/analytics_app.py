@@ -25,9 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import tempfile
 from collections.abc import MutableMapping
-from pathlib import Path
 from typing import Any, cast
 
 import faust
@@ -37,6 +35,7 @@ from aiokafka.errors import KafkaError
 
 from loomflow.errors import InvalidEventError, StoreError
 from loomflow.processors.analytics import Stats, Tally
+from loomflow.processors.faust_app import new_app
 from loomflow.processors.reader import committed_offsets
 from loomflow.producers import Topics, scope_key
 from loomflow.producers.topics import started
@@ -101,25 +100,7 @@ def create_app(settings: Settings | None = None) -> faust.App:
     """Build the analytics app; ``settings`` default to the LOOMFLOW_* environment."""
     settings = Settings.resolve(settings)
     topics = Topics.from_settings(settings)
-    app_id = settings.analytics_group
-    # faust writes a data directory even for memory tables: never into the caller's cwd
-    datadir = Path(tempfile.gettempdir()) / "loomflow" / f"{app_id}-data"
-    datadir.parent.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
-        app_id,
-        broker=f"kafka://{settings.kafka_bootstrap}",
-        store="memory://",
-        datadir=str(datadir),
-        value_serializer="raw",
-        key_serializer="raw",
-        web_enabled=False,
-        web_bind="127.0.0.1",  # never 0.0.0.0, even when someone turns the web server on
-        topic_partitions=topics.partitions,
-        topic_replication_factor=topics.replication,
-        consumer_auto_offset_reset="earliest",
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-    )
+    app = new_app(settings.analytics_group, settings)
     events = app.topic(topics.events, key_type=bytes, value_type=bytes)
     # a faust table is a mapping that sends each change to its changelog
     ledgers = cast(

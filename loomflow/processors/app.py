@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import tempfile
-from pathlib import Path
 
 import faust
 
 from loomflow.errors import StoreError
 from loomflow.processors.analytics import run_transition
+from loomflow.processors.faust_app import new_app
 from loomflow.processors.projector import Projector, tune_gc
 from loomflow.producers import Topics, ensure_topics
 from loomflow.settings import Settings
@@ -37,24 +36,7 @@ def create_app(settings: Settings | None = None) -> faust.App:
     app_id = settings.processor_id
     bootstrap = settings.kafka_bootstrap
 
-    # faust writes a data directory even for memory tables: never into the caller's cwd
-    datadir = Path(tempfile.gettempdir()) / "loomflow" / f"{app_id}-data"
-    datadir.parent.mkdir(parents=True, exist_ok=True)
-    app = faust.App(
-        app_id,
-        broker=f"kafka://{bootstrap}",
-        store="memory://",
-        datadir=str(datadir),
-        value_serializer="raw",
-        key_serializer="raw",
-        web_enabled=False,
-        web_bind="127.0.0.1",  # never 0.0.0.0, even when someone turns the web server on
-        topic_partitions=topics.partitions,
-        topic_replication_factor=topics.replication,
-        consumer_auto_offset_reset="earliest",
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-    )
+    app = new_app(app_id, settings)
     events = app.topic(topics.events, key_type=bytes, value_type=bytes)
     # keyed like the log (by session scope), so each worker updates the keys it owns
     running = app.Table("runs-in-flight", default=bool, partitions=topics.partitions)

@@ -23,6 +23,8 @@ import orjson
 
 from loomflow.errors import StoreError
 from loomflow.processors.analytics import (
+    COUNTS,
+    SUMS,
     Counters,
     Mark,
     Row,
@@ -43,19 +45,7 @@ T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 
-_COUNTER_COLUMNS = (
-    "runs_started",
-    "runs_finished",
-    "runs_failed",
-    "turns",
-    "model_calls",
-    "input_tokens",
-    "cached_input_tokens",
-    "cache_write_tokens",
-    "output_tokens",
-    "cost_usd",
-    "latency_ms_total",
-)
+_COUNTER_COLUMNS = (*COUNTS, *SUMS)
 
 _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS stats_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -70,12 +60,7 @@ CREATE TABLE IF NOT EXISTS stats_hourly (
     hour TEXT NOT NULL,
     model TEXT NOT NULL,
     user_id TEXT NOT NULL,
-    {
-    ", ".join(
-        f"{c} {'REAL' if c in ('cost_usd', 'latency_ms_total') else 'INTEGER'} NOT NULL"
-        for c in _COUNTER_COLUMNS
-    )
-},
+    {", ".join(f"{c} {'REAL' if c in SUMS else 'INTEGER'} NOT NULL" for c in _COUNTER_COLUMNS)},
     latency TEXT NOT NULL,
     tools TEXT NOT NULL,
     PRIMARY KEY (hour, model, user_id)

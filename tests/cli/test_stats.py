@@ -201,7 +201,7 @@ def test_a_period_without_runs_says_so_and_is_not_an_error(
     assert "no journal at" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["stats", "--db", str(journal), "--since", "yesterday"])
-    assert "neither a date or time" in capsys.readouterr().err
+    assert "is neither an ISO date" in capsys.readouterr().err
 
 
 def test_the_stats_database_can_live_elsewhere(
