@@ -43,6 +43,17 @@ async def recorded_turns(db: Path, session_id: str) -> tuple[list[list[int]], in
     return list(runs.values()), forked_at
 
 
+async def _billed(db: Path, *session_ids: str) -> float:
+    """What the model calls recorded in these sessions cost, summed from their events."""
+    total = 0.0
+    async with SqliteRuntime(db) as runtime:
+        for session_id in session_ids:
+            for event in await runtime.store.read_events(Scope(session_id)):
+                if isinstance(event, TurnAppended) and event.payload.model_call:
+                    total += event.payload.usage.cost_usd
+    return total
+
+
 def run_demo(db: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     # Output is parsed, so keep rich from colouring it or wrapping it to a narrow terminal.
@@ -105,7 +116,15 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     assert not_repeated is not None, out
     assert int(not_repeated.group(1)) == killed_at
 
-    # It ends with what another reader of the log sees: every event chained and verified.
+    # It ends with what other readers of the log see: the turns and their cost, counted
+    # from the log, then every event chained and verified.
+    turns = len(by_worker) + len(by_resume) + len(by_fork)
+    cost = asyncio.run(_billed(db, resumed.group(1), forked.group(1)))
+    assert re.search(rf"scripted-demo\s+3\s+{turns}\s+\d+\s+[\d,]+ / [\d,]+\s+\${cost:.4f}", out), (
+        turns,
+        cost,
+        out,
+    )
     with sqlite3.connect(db) as conn:
         events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
     assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out

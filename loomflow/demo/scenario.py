@@ -39,8 +39,12 @@ from loomflow.demo.assistant import (
 )
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
+from loomflow.processors.analytics import Stats
 from loomflow.processors.audit import Auditor, Verification, verify_trail
 from loomflow.processors.reader import sqlite_reader
+from loomflow.processors.stats_db import load as load_stats
+from loomflow.processors.stats_db import stats_path
+from loomflow.processors.stats_db import update as update_stats
 from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import CheckpointMeta, Event, Message, Role, RunResult, new_id
@@ -292,6 +296,14 @@ class Summary:
 
 
 @dataclass(frozen=True)
+class Counted:
+    """What another reader of the log counted: `loomflow stats` of the demo's log."""
+
+    stats_db: Path
+    stats: Stats
+
+
+@dataclass(frozen=True)
 class Audited:
     """What another reader of the log found: the audit trail, chained and verified."""
 
@@ -312,6 +324,7 @@ Step = (
     | CheckpointList
     | Forked
     | Summary
+    | Counted
     | Audited
 )
 
@@ -340,8 +353,7 @@ def play(db: Path, kill_after_turns: int, model_name: str, report: Callable[[Ste
 def _reset(db: Path) -> None:
     if not db.parent.is_dir():
         raise DemoError(f"directory {db.parent} does not exist for --db {db}")
-    trail = default_trail_path(db)
-    for path in (db, call_log_path(db), trail):
+    for path in (db, call_log_path(db), default_trail_path(db), stats_path(db)):
         for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
             file.unlink(missing_ok=True)
 
@@ -457,6 +469,9 @@ class _Scenario:
         worker_calls = len(await self._calls_of("worker"))
         self.report(Summary(worker_calls, killed, resumed, forked))
 
+        stats_db = stats_path(self.db)
+        await update_stats(self.db, stats_db)
+        self.report(Counted(stats_db, await asyncio.to_thread(load_stats, stats_db)))
         audited = await self._audit()
         self.report(audited)
         if audited.verification.problems:

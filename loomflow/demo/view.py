@@ -21,6 +21,7 @@ from loomflow.demo.assistant import APPROACH_PROMPTS
 from loomflow.demo.scenario import (
     Audited,
     CheckpointList,
+    Counted,
     DemoError,
     Forked,
     Intro,
@@ -112,8 +113,10 @@ class DemoView:
             case Summary():
                 self.console.rule("[bold]6 · Summary")
                 self._summary(step)
+            case Counted():
+                self.console.rule("[bold]7 · The log's other readers: stats and audit")
+                self._counted(step)
             case Audited():
-                self.console.rule("[bold]7 · The log's other readers")
                 self._audited(step)
             case _:
                 assert_never(step)
@@ -295,6 +298,22 @@ class DemoView:
             c.print(
                 Panel(escape(result.output), title="forked run's answer", border_style="magenta")
             )
+
+    def _counted(self, counted: Counted) -> None:
+        stats = counted.stats
+        table = Table(box=None, padding=(0, 2), title=f"loomflow stats ({counted.stats_db.name})")
+        for column in ("model", "runs", "turns", "tool calls", "tokens in / out", "cost"):
+            table.add_column(column, justify="left" if column == "model" else "right")
+        for label, c in stats.by("model"):
+            table.add_row(
+                label,
+                str(c.runs_started),
+                str(c.turns),
+                str(c.tool_calls),
+                f"{c.input_tokens:,} / {c.output_tokens:,}",
+                _usd(c.cost_usd),
+            )
+        self.console.print(table)
 
     def _audited(self, audited: Audited) -> None:
         check = audited.verification
