@@ -10,18 +10,22 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors.reader import committed_offsets
 from loomflow.producers import EventProducer, scope_key
-from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.kafka_env import ROOT, KafkaEnv, ProcessorProcess, session_events
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
+
+BIN = Path(sys.executable).parent
 
 
 @pytest.fixture
@@ -29,6 +33,15 @@ async def env() -> AsyncIterator[KafkaEnv]:
     made = await KafkaEnv.create(partitions=3)
     yield made
     await made.close()
+    admin = AIOKafkaAdminClient(bootstrap_servers=made.bootstrap)
+    await admin.start()
+    try:  # the analytics app's own topics (its table's changelog)
+        group = made.settings.analytics_group
+        ours = [t for t in await admin.list_topics() if t.startswith(f"{group}-")]
+        if ours:
+            await admin.delete_topics(ours)
+    finally:
+        await admin.close()
 
 
 def _env_of(env: KafkaEnv) -> dict[str, str]:
@@ -73,23 +86,35 @@ async def _research(env: KafkaEnv, *sessions: str) -> None:
         await runtime.close()
 
 
-async def test_audit_and_projector_read_the_same_topic_with_their_own_positions(
+async def test_projector_audit_and_analytics_read_the_same_topic_with_their_own_positions(
     env: KafkaEnv,
 ) -> None:
     projector = await env.start_projector()
-    await _research(env, "a", "b")
-    code, out = await _loomflow(env, "audit")
-    assert code == 0 and "in 2 sessions, 0 rejected" in out, out
-    audited = await committed_offsets(env.settings, env.settings.audit_group)
-    assert audited == await _end_offsets(env)
+    analytics = ProcessorProcess(env.variables(), argv=[str(BIN / "loomflow"), "analytics"])
+    try:
+        await _research(env, "a", "b")
+        code, out = await _loomflow(env, "audit")
+        assert code == 0 and "in 2 sessions, 0 rejected" in out, out
+        audited = await committed_offsets(env.settings, env.settings.audit_group)
+        first = await _end_offsets(env)
+        assert audited == first
 
-    # the audit is not running: the projector goes on alone, the audit group stays put
+        async def counted() -> bool:
+            assert analytics.poll() is None, analytics.output()[-3000:]
+            return await committed_offsets(env.settings, env.settings.analytics_group) == first
+
+        await eventually(counted, within=90, what="the analytics group to commit the topic")
+    finally:
+        analytics.stop()
+
+    # audit and analytics are not running: the projector goes on alone, their groups stay
     await _research(env, "c")
     ends = await _end_offsets(env)
     await eventually(
         lambda: _passed(env, ends), what="the projector to pass the new session's events"
     )
     assert await committed_offsets(env.settings, env.settings.audit_group) == audited
+    assert await committed_offsets(env.settings, env.settings.analytics_group) == first
     code, out = await _loomflow(env, "audit", "verify")
     assert code == 0, out
     assert "verified 2 sessions" in out and "were not audited yet" in out, out
@@ -99,6 +124,7 @@ async def test_audit_and_projector_read_the_same_topic_with_their_own_positions(
     code, out = await _loomflow(env, "audit")
     assert code == 0 and "in 1 session, 0 rejected" in out, out
     assert await committed_offsets(env.settings, env.settings.audit_group) == ends
+    assert await committed_offsets(env.settings, env.settings.analytics_group) == first
     code, out = await _loomflow(env, "audit")
     assert "audited 0 new records" in out, out  # replaying from the group adds nothing
     code, out = await _loomflow(env, "audit", "verify")
