@@ -285,17 +285,18 @@ class _KafkaReader(LogReader):
             heartbeat_interval_ms=1_000,
             rebalance_timeout_ms=10_000,
         )
+        self._consumer = await started(consumer, self.settings.kafka_bootstrap)
+        # a missing topic, said plainly, before a group waits for it forever
+        partitions = await self._partitions()
         if self.group is not None:
             consumer.subscribe([self.topic])
-        self._consumer = await started(consumer, self.settings.kafka_bootstrap)
-        if self.group is None:
-            partitions = await self._partitions()
-            tps = [TopicPartition(self.topic, p) for p in partitions]
-            consumer.assign(tps)
-            if self._start == "end":
-                await consumer.seek_to_end(*tps)
-            else:
-                await consumer.seek_to_beginning(*tps)
+            return
+        tps = [TopicPartition(self.topic, p) for p in partitions]
+        consumer.assign(tps)
+        if self._start == "end":
+            await consumer.seek_to_end(*tps)
+        else:
+            await consumer.seek_to_beginning(*tps)
 
     async def _partitions(self) -> list[int]:
         assert self._consumer is not None

@@ -222,3 +222,12 @@ async def test_tail_prints_events_appended_while_it_runs(env: KafkaEnv) -> None:
     assert tail.returncode == 0
     assert "  live  -  #1  run.started  run" in lines[0], lines
     assert "run.finished" in lines[1] and "completed after" in lines[1], lines
+
+
+async def test_a_topic_nothing_wrote_to_is_named_not_waited_for(env: KafkaEnv) -> None:
+    missing = KafkaEnv(env.settings.model_copy(update={"topic_prefix": f"none-{env.tag}"}), "x")
+    for command in (["audit"], ["tail"], ["audit", "verify"]):
+        code, out = await _loomflow(missing, *command)
+        assert code == 1, out
+        assert f"topic none-{env.tag}.events does not exist" in out, out
+        assert "Traceback" not in out and "not found in cluster metadata" not in out, out
