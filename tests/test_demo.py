@@ -118,13 +118,10 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
 
     # It ends with what other readers of the log see: the turns and their cost, counted
     # from the log, then every event chained and verified.
-    turns = len(by_worker) + len(by_resume) + len(by_fork)
+    model_turns = len(by_worker) + len(by_resume) + len(by_fork)
     cost = asyncio.run(_billed(db, resumed.group(1), forked.group(1)))
-    assert re.search(rf"scripted-demo\s+3\s+{turns}\s+\d+\s+[\d,]+ / [\d,]+\s+\${cost:.4f}", out), (
-        turns,
-        cost,
-        out,
-    )
+    counted = rf"scripted-demo\s+3\s+{model_turns}\s+\d+\s+[\d,]+ / [\d,]+\s+\${cost:.4f}"
+    assert re.search(counted, out), (model_turns, cost, out)
     with sqlite3.connect(db) as conn:
         events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
     assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out
