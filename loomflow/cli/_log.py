@@ -63,15 +63,18 @@ def reader_of(
     return kafka_reader(settings, group=group, start=start)
 
 
-def trail_of(db: Path | None, trail: Path | None, settings: Settings | None) -> Trail:
+def trail_of(
+    db: Path | None, trail: Path | None, settings: Settings | None, *, create: bool = True
+) -> Trail:
     """The audit trail of the embedded log ``db`` (a file beside it unless ``trail`` names
-    one), or the trail in the settings' PostgreSQL schema."""
+    one), or the trail in the settings' PostgreSQL schema; ``create=False`` only opens an
+    embedded trail that exists."""
     from loomflow.projections.audit import PostgresTrail, SqliteTrail, default_trail_path
     from loomflow.runtime.postgres import PostgresStore
     from loomflow.settings import Settings
 
     if db is not None:
-        return SqliteTrail(trail or default_trail_path(db))
+        return SqliteTrail(trail or default_trail_path(db), create=create)
     settings = Settings.resolve(settings)
     store = PostgresStore(
         settings.postgres_dsn,

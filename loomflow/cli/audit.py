@@ -93,7 +93,10 @@ async def _run_audit(
     db: Path | None, trail_path: Path | None, settings: Settings | None, follow: bool, out: Console
 ) -> str:
     from loomflow.processors.audit import Auditor
+    from loomflow.processors.reader import require_log
 
+    if db is not None:
+        await require_log(db)  # before a trail is created beside something else
     async with trail_of(db, trail_path, settings) as trail:
         start: Any = (await trail.position() or "beginning") if db is not None else "committed"
         group = None if settings is None else settings.audit_group
@@ -143,13 +146,15 @@ async def _run_verify(
     db: Path | None, trail_path: Path | None, settings: Settings | None, filters: dict[str, Any]
 ) -> tuple[Verification, str]:
     from loomflow.processors.audit import verify_trail
-    from loomflow.processors.reader import committed_offsets
+    from loomflow.processors.reader import committed_offsets, require_log
 
-    if db is not None and not (trail_path or _default_trail(db)).exists():
-        from loomflow.errors import StoreError
+    if db is not None:
+        await require_log(db)
+        if not (trail_path or _default_trail(db)).exists():
+            from loomflow.errors import StoreError
 
-        raise StoreError(f"no audit trail for {db} yet: run `loomflow audit --db {db}` first")
-    async with trail_of(db, trail_path, settings) as trail:
+            raise StoreError(f"no audit trail for {db} yet: run `loomflow audit --db {db}` first")
+    async with trail_of(db, trail_path, settings, create=False) as trail:
         if settings is None:
             audited = await trail.position() or {0: 1}
         else:

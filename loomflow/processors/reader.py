@@ -44,6 +44,7 @@ __all__ = [
     "committed_offsets",
     "drain",
     "kafka_reader",
+    "require_log",
     "sqlite_reader",
 ]
 
@@ -145,13 +146,7 @@ class _SqliteReader(LogReader):
         self._thread = SqliteThread(self._connect, f"the reader of {path}")
 
     def _connect(self) -> sqlite3.Connection:
-        if not self.path.is_file():
-            raise StoreError(
-                f"no loomflow log at {self.path}: give the file a SqliteRuntime writes to"
-            )
-        from loomflow.projections.sqlite import connect
-
-        conn = connect(self.path, busy_timeout_ms=30_000)
+        conn = _open_log(self.path)
         if self._start == "end":
             self._after = _last_position(conn)
         return conn
@@ -195,6 +190,21 @@ class _SqliteReader(LogReader):
 
     async def at_end(self) -> bool:
         return self._after >= await self._thread.call(_last_position)
+
+
+def _open_log(path: Path) -> sqlite3.Connection:
+    if not path.is_file():
+        raise StoreError(f"no loomflow log at {path}: give the file a SqliteRuntime writes to")
+    from loomflow.projections.sqlite import connect
+
+    # never create or take over a file that is not a loomflow store: reading writes nothing
+    return connect(path, busy_timeout_ms=30_000, create=False)
+
+
+async def require_log(path: str | Path) -> None:
+    """Raise StoreError unless ``path`` is a loomflow SQLite log; for commands to call
+    before they create anything beside it (a trail, a stats database)."""
+    await asyncio.to_thread(lambda: _open_log(Path(path)).close())
 
 
 _EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"

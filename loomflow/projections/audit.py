@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from loomflow.errors import StoreError
 from loomflow.lifecycle import Resource
 from loomflow.projections.chain import Chained, Entry, Head, ScopeKey
-from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.projections.sqlite_thread import SqliteThread, open_own
 
 if TYPE_CHECKING:
     import asyncpg
@@ -62,7 +63,7 @@ def _entry(row: Sequence[Any], at: datetime) -> Entry:
         type_,
         at,
         digest,
-        None if body is None else bytes(body),
+        None if body is None else body.encode() if isinstance(body, str) else bytes(body),
         prev,
         hash_,
     )
@@ -160,16 +161,27 @@ CREATE TABLE IF NOT EXISTS audit_position (
 class SqliteTrail(Trail):
     """The trail of an embedded log, in its own SQLite file."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
         self.where = f"audit trail {self.path}"
+        self.create = create  # False: verify an existing trail, and change nothing
         self._thread = SqliteThread(self._connect, f"the {self.where}")
         self._call = self._thread.call
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.executescript(_SQLITE_SCHEMA)
+        conn = open_own(self.path, "audit_", "loomflow audit trail", create=self.create)
+        if self.create:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.executescript(_SQLITE_SCHEMA)
+            return conn
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+        missing = sorted({"audit_entries", "audit_rejects", "audit_position"} - tables)
+        if missing:
+            conn.close()
+            raise StoreError(
+                f"the {self.where} has no {', '.join(missing)} table: it was dropped, or "
+                "this is not a trail; verification cannot go on"
+            )
         return conn
 
     async def open(self) -> None:
