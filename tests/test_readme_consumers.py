@@ -11,9 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from loomflow.runtime import SqliteRuntime
-from tests.support.readme import documented_commands
-from tests.support.scenario import Research
+from tests.support.readme import documented_commands, readme_block
 
 BIN = Path(sys.executable).parent
 
@@ -46,13 +44,14 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen[bytes]:
     )
 
 
-async def _sessions(db: Path, *ids: str) -> None:
-    runtime = SqliteRuntime(db)
-    try:
-        for session_id in ids:
-            await Research(passes=1).agent(runtime).run("go", session_id=session_id)
-    finally:
-        await runtime.close()
+async def _per_run(cwd: Path) -> None:
+    """The README's per_run.py, which the section's commands follow: it writes journal.db."""
+    script = cwd / "per_run.py"
+    script.write_text(readme_block("# per_run.py"))
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(script), cwd=cwd, env=_env(), stdout=subprocess.DEVNULL
+    )
+    assert await asyncio.wait_for(proc.wait(), 60) == 0
 
 
 def _env() -> dict[str, str]:
@@ -61,8 +60,7 @@ def _env() -> dict[str, str]:
 
 
 async def test_each_command_prints_what_the_readme_shows(tmp_path: Path) -> None:
-    db = tmp_path / "journal.db"
-    await _sessions(db, "sess1a", "sess2b")
+    await _per_run(tmp_path)
     commands = _documented()
     assert [c[:2] for c, _ in commands] == [
         ["loomflow", "audit"],
@@ -82,7 +80,7 @@ async def test_each_command_prints_what_the_readme_shows(tmp_path: Path) -> None
             assert tail.stderr is not None and tail.stdout is not None
             ready = await asyncio.wait_for(asyncio.to_thread(tail.stderr.readline), 30)
             assert b"following" in ready
-            await _sessions(db, "sess3c")
+            await _per_run(tmp_path)  # another run of the script, appended as tail runs
             line = await asyncio.wait_for(asyncio.to_thread(tail.stdout.readline), 30)
         finally:
             tail.send_signal(signal.SIGINT)

@@ -61,6 +61,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verify.set_defaults(handler=_verify)
 
 
+def _console() -> Console:
+    from rich.console import Console
+
+    # lines are never broken for a pipe or a file: each finding stays one line to grep
+    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
 def _settings_for(args: argparse.Namespace) -> tuple[bool, Settings | None]:
     """Whether the settings are usable, and them (None for an embedded log)."""
     if args.db is not None:
@@ -72,11 +79,9 @@ def _settings_for(args: argparse.Namespace) -> tuple[bool, Settings | None]:
 
 
 def _audit(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from loomflow.errors import LoomflowError
 
-    console = Console(highlight=False)
+    console = _console()
     usable, settings = _settings_for(args)
     if not usable:
         return 2
@@ -120,11 +125,9 @@ async def _run_audit(
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from loomflow.errors import LoomflowError
 
-    console = Console(highlight=False)
+    console = _console()
     usable, settings = _settings_for(args)
     if not usable:
         return 2
@@ -139,7 +142,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(f"loomflow audit verify: {exc}", file=sys.stderr)
         return 1
     _print_verification(console, result, source, filters)
-    return 1 if result.problems else 0
+    return 1 if result.problems or (filters and not result.sessions) else 0
 
 
 async def _run_verify(
@@ -178,6 +181,8 @@ def _print_verification(
     if not result.sessions:
         what = " matching " + ", ".join(f"{k}={v!r}" for k, v in filters.items()) if filters else ""
         console.print(f"no audited sessions{what} in {source}")
+        if filters:
+            return  # not found
     table = Table("session", "user", "entries", "erased / pruned", "status", box=None)
     for check in result.sessions:
         removed = "erased" if check.erased else f"pruned x{check.pruned}" if check.pruned else ""

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from loomflow.cli._log import add_db_option, reader_of, user_of
@@ -76,10 +77,17 @@ async def _follow(args: argparse.Namespace, settings: Any, start: Any) -> None:
     async with reader_of(args.db, settings, start=start) as reader:
         print(f"following {reader.source}; Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.is_set():
-            for record in await reader.read(wait=0.5):
+            # one poll may bring several partitions' records: show them in time order
+            for record in sorted(await reader.read(wait=0.5), key=_when):
                 line = _line(record, args.json) if wanted(record) else None
                 if line is not None:
                     print(line, flush=True)
+
+
+def _when(record: LogRecord) -> datetime:
+    if record.event is not None:
+        return record.event.at
+    return record.note.at if record.note is not None else datetime.min.replace(tzinfo=UTC)
 
 
 class _Filter:
@@ -173,8 +181,9 @@ def describe(event: Event) -> str:
         case RunStarted(payload=p):
             return p.mode + (f" from {p.from_checkpoint}" if p.from_checkpoint else "")
         case RunFinished(payload=p):
+            turns = "1 turn" if p.turns == 1 else f"{p.turns} turns"
             return (
-                f"{p.stop_reason} after {p.turns} turns, {p.usage.total_tokens} tokens, "
+                f"{p.stop_reason} after {turns}, {p.usage.total_tokens} tokens, "
                 f"${p.usage.cost_usd:.4f}: {_short(p.output)}"
             )
         case RunFailed(payload=p):

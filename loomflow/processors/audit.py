@@ -163,12 +163,18 @@ async def verify_trail(
     for entry in await trail.entries(user_id, session_id):
         chains[entry.scope].append(entry)
     chained = {e.key for entries in chains.values() for e in entries}
+    # records the audit kept among its rejects (a second copy of an event, say) are not
+    # expected in any chain
+    rejected = {reject.position for reject in await trail.rejects()}
     log: dict[ScopeKey, list[Link]] = defaultdict(list)
     held: set[tuple[int, int]] = set()
     undecodable: dict[str, str] = {}
     unaudited = 0
     async for batch in drain(fresh_reader):
         for record in batch:
+            if record.position in rejected:
+                held.add((record.partition, record.offset))
+                continue
             link = link_of(record)
             beyond = record.offset >= audited.get(record.partition, 0)
             # past the group's commit, a record is audited when its entry was written (a

@@ -218,6 +218,7 @@ def verify(
     the positions of records that no longer decode to the reason.
     """
     findings = _chain_breaks(entries)
+    broken = {f.n for f in findings}
     by_key = {e.key: e for e in entries}
     in_log = {link.key for link in log}
     removed = _removed_keys(entries)
@@ -230,14 +231,17 @@ def verify(
         if op == "equal":
             for key, link in zip(trail_keys[i1:i2], log[j1:j2], strict=True):
                 entry = by_key[key]
-                if entry.digest != link.digest:
+                # where the chain breaks, the trail was altered (reported above); where it
+                # holds, the entry is as written, so the log's record changed since
+                if entry.digest != link.digest and entry.n not in broken:
                     findings.append(
                         Finding(
                             "altered",
                             entry.n,
                             link.position,
                             f"the log's record at {link.position} (seq {link.seq}, {link.type}) "
-                            f"differs from entry {entry.n}",
+                            f"was altered after it was audited: it no longer matches entry "
+                            f"{entry.n}",
                         )
                     )
             continue
@@ -246,7 +250,6 @@ def verify(
     moved = set(missing_from_log) & set(missing_from_trail)
     links = {link.key: link for link in log}
     # which side changed: where the chain holds, the trail is as it was written
-    broken = {f.n for f in findings}
     for key in missing_from_log:
         entry = by_key[key]
         what = f"entry {entry.n} (seq {entry.seq}, {entry.type}, {entry.key})"
@@ -287,20 +290,17 @@ def verify(
         if key in moved:
             continue
         link = links[key]
-        what = f"the log's record at {link.position} (seq {link.seq}, {link.type}, {key})"
-        if broken:
-            findings.append(
-                Finding("deleted", None, link.position, f"{what} was deleted from the trail")
+        # the log gave this record to the audit (it is within the audited positions), and
+        # the audit chains every record it is given: its entry was taken out of the trail
+        findings.append(
+            Finding(
+                "deleted",
+                None,
+                link.position,
+                f"the log's record at {link.position} (seq {link.seq}, {link.type}, {key}) "
+                "was audited, but its entry was deleted from the trail",
             )
-        else:
-            findings.append(
-                Finding(
-                    "inserted",
-                    None,
-                    link.position,
-                    f"{what} was inserted into the log after it was audited",
-                )
-            )
+        )
     return sorted(findings, key=lambda f: (f.n is None, f.n or 0))
 
 
@@ -321,9 +321,10 @@ def _chain_breaks(entries: Sequence[Entry]) -> list[Finding]:
     """Where the stored chain itself does not hold: a gap in ``n``, a link to something
     other than the entry before it, a hash or digest that does not match."""
     findings: list[Finding] = []
-    prev, expected = GENESIS, 1
+    links_to, expected = {GENESIS}, 1
     hashes = {e.hash for e in entries}
     for entry in entries:
+        computed = entry_hash(entry.prev, entry.n, entry.digest)
         where = entry.position
         if entry.n != expected:
             kind: FindingKind = "deleted" if entry.n > expected else "inserted"
@@ -336,7 +337,7 @@ def _chain_breaks(entries: Sequence[Entry]) -> list[Finding]:
                     + ("(entries are missing)" if kind == "deleted" else "(an extra entry)"),
                 )
             )
-        elif entry.prev != prev:
+        elif entry.prev not in links_to:
             findings.append(
                 Finding(
                     "reordered" if entry.prev in hashes else "deleted",
@@ -345,7 +346,7 @@ def _chain_breaks(entries: Sequence[Entry]) -> list[Finding]:
                     f"the chain breaks at entry {entry.n}: it does not link to entry {entry.n - 1}",
                 )
             )
-        elif entry.hash != entry_hash(entry.prev, entry.n, entry.digest) or (
+        elif entry.hash != computed or (
             entry.body is not None and hashlib.sha256(entry.body).hexdigest() != entry.digest
         ):
             findings.append(
@@ -357,5 +358,7 @@ def _chain_breaks(entries: Sequence[Entry]) -> list[Finding]:
                     "its content does not match its hash",
                 )
             )
-        prev, expected = entry.hash, entry.n + 1
+        # the next entry may link to the hash as stored or as it should be: an altered
+        # entry is one finding, not one more for the entry after it
+        links_to, expected = {entry.hash, computed}, entry.n + 1
     return findings

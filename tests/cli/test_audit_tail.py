@@ -122,3 +122,34 @@ async def test_tail_json_from_the_beginning(tmp_path: Path) -> None:
         tail.wait(timeout=30)
     assert (started["type"], finished["type"]) == ("run.started", "run.finished")
     assert started["session_id"] == "s1" and started["position"] == "1"
+
+
+def test_verify_of_a_session_it_does_not_know_or_of_a_dropped_trail_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "journal.db"
+    asyncio.run(_run(db, "s1"))
+    assert _cli("audit", "--db", str(db), capsys=capsys)[0] == 0
+    code, out = _cli("audit", "verify", "--db", str(db), "--session", "nope", capsys=capsys)
+    assert code == 1 and "no audited sessions matching session_id='nope'" in out, out
+    with sqlite3.connect(tmp_path / "journal.audit.db") as conn:
+        conn.execute("DROP TABLE audit_entries")
+    code, out = _cli("audit", "verify", "--db", str(db), capsys=capsys)
+    assert code == 1 and "has no audit_entries table: it was dropped" in out, out
+    with sqlite3.connect(tmp_path / "journal.audit.db") as conn:  # verify recreated nothing
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master")}
+    assert "audit_entries" not in tables
+
+
+def test_audit_refuses_a_file_that_is_not_a_loomflow_log_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    before = other.read_bytes()
+    for command in (["audit"], ["audit", "verify"], ["tail"]):
+        code, out = _cli(*command, "--db", str(other), capsys=capsys)
+        assert code == 1 and "is not a loomflow store" in out, out
+    assert other.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]

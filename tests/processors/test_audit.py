@@ -209,3 +209,42 @@ async def test_a_row_that_does_not_decode_is_kept_among_the_rejects(tmp_path: Pa
         (reject,) = await trail.rejects()
     assert "no.such.type" in reject.reason and reject.raw is not None
     assert (await _verify(db)).problems == 0
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        # the hash alone rewritten
+        "UPDATE audit_entries SET hash = 'f' || substr(hash, 2) WHERE session_id = 's1' AND n = 3",
+        # content and digest rewritten together, the hash left as it was
+        "UPDATE audit_entries SET body = CAST('{}' AS BLOB), "
+        "digest = '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a' "
+        "WHERE session_id = 's1' AND n = 3",
+        # content rewritten as TEXT, not BLOB, as a hand-typed UPDATE stores it
+        "UPDATE audit_entries SET body = 'tampered' WHERE session_id = 's1' AND n = 3",
+    ],
+)
+async def test_an_altered_entry_is_one_finding_on_the_trail_side(
+    tmp_path: Path, statement: str
+) -> None:
+    db = tmp_path / "journal.db"
+    await _sessions(db, ("s1", None))
+    await _audit(db)
+    _tamper(default_trail_path(db), statement)
+    (s1,) = (await _verify(db)).sessions
+    assert [(f.kind, f.n) for f in s1.findings] == [("altered", 3)], s1.findings
+    assert "does not match its hash" in s1.findings[0].detail
+
+
+async def test_the_last_entry_deleted_from_the_trail_reads_as_deleted(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _sessions(db, ("s1", None))
+    await _audit(db)
+    _tamper(
+        default_trail_path(db),
+        "DELETE FROM audit_entries WHERE session_id = 's1' AND n = "
+        "(SELECT max(n) FROM audit_entries WHERE session_id = 's1')",
+    )
+    (s1,) = (await _verify(db)).sessions
+    ((kind, detail),) = [(f.kind, f.detail) for f in s1.findings]
+    assert kind == "deleted" and "deleted from the trail" in detail, s1.findings
