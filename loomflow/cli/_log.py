@@ -16,7 +16,15 @@ if TYPE_CHECKING:
     from loomflow.projections.audit import Trail
     from loomflow.settings import Settings
 
-__all__ = ["add_db_option", "count", "kafka_source", "reader_of", "trail_of", "user_of"]
+__all__ = [
+    "add_db_option",
+    "count",
+    "kafka_source",
+    "quiet_kafka",
+    "reader_of",
+    "trail_of",
+    "user_of",
+]
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +40,14 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
 def user_of(text: str | None) -> str | None:
     """A --user value: an id, or None (the sessions of no user) for ''."""
     return text or None
+
+
+def quiet_kafka() -> None:
+    """Keep aiokafka's own log lines (a reconnect, a missing topic) out of a one-shot
+    command's output: the command says what went wrong itself, once."""
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
 
 def count(n: int, noun: str) -> str:

@@ -13,6 +13,7 @@ from loomflow.cli._log import (
     add_db_option,
     count,
     kafka_source,
+    quiet_kafka,
     reader_of,
     trail_of,
     user_of,
@@ -85,6 +86,8 @@ def _audit(args: argparse.Namespace) -> int:
     usable, settings = _settings_for(args)
     if not usable:
         return 2
+    if not args.follow:
+        quiet_kafka()
     try:
         done = asyncio.run(_run_audit(args.db, args.trail, settings, args.follow, console))
     except LoomflowError as exc:
@@ -131,6 +134,7 @@ def _verify(args: argparse.Namespace) -> int:
     usable, settings = _settings_for(args)
     if not usable:
         return 2
+    quiet_kafka()
     filters: dict[str, Any] = {}
     if args.user is not None:
         filters["user_id"] = user_of(args.user)

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import add_db_option, reader_of, user_of
+from loomflow.cli._log import add_db_option, quiet_kafka, reader_of, user_of
 
 if TYPE_CHECKING:
     from loomflow.processors.reader import LogRecord
@@ -55,6 +55,7 @@ def _tail(args: argparse.Namespace) -> int:
         settings = _settings()
         if settings is None:
             return 2
+    quiet_kafka()
     start = "beginning" if args.from_beginning else "end"
     try:
         asyncio.run(_follow(args, settings, start))
