@@ -33,8 +33,8 @@ from loomflow.processors.analytics import (
     Stats,
     Tally,
 )
-from loomflow.processors.reader import LogRecord, drain, sqlite_reader
-from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.processors.reader import LogRecord, drain, require_log, sqlite_reader
+from loomflow.projections.sqlite_thread import SqliteThread, open_own
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]
@@ -104,7 +104,9 @@ def _connect(path: Path) -> sqlite3.Connection:
     if not path.parent.exists():
         raise StoreError(f"directory {path.parent} does not exist for the stats database {path}")
     try:
-        conn = sqlite3.connect(path, isolation_level=None)
+        # a file holding other tables (the journal, its trail, another program's) is
+        # refused before the stats tables are written into it
+        conn = open_own(path, "stats_", "loomflow stats database", create=True)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA busy_timeout=30000")
         conn.executescript(_SCHEMA)  # IF NOT EXISTS: safe when two processes open it at once
@@ -250,6 +252,7 @@ async def update(
     journal's log; return how many records this call read, counted and skipped."""
     if not await asyncio.to_thread(journal.exists):
         raise StoreError(f"no journal at {journal}: pass the SQLite file your runtime writes")
+    await require_log(journal)  # before a stats database is made beside something else
     path = stats or stats_path(journal)
     tables = SqliteThread(lambda: _connect(path), f"the stats database {path}")
     try:

@@ -214,6 +214,61 @@ def test_the_stats_database_can_live_elsewhere(
     assert reported(data) == expected_sums(log_events(journal))
 
 
+def _files(directory: Path) -> dict[str, bytes | None]:
+    """The names in ``directory`` with the bytes of its files: a refused command changes
+    none of them and adds none."""
+    return {p.name: p.read_bytes() if p.is_file() else None for p in directory.iterdir()}
+
+
+@pytest.mark.parametrize("kind", ["other tables", "0 bytes", "text", "directory", "missing"])
+@pytest.mark.parametrize("command", ["stats", "report"])
+def test_a_db_that_is_not_a_loomflow_log_is_refused_and_nothing_is_made_beside_it(
+    command: str, kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "notes.db"
+    if kind == "other tables":
+        with contextlib.closing(sqlite3.connect(db)) as conn:
+            conn.execute("create table t(x)")
+    elif kind == "0 bytes":
+        db.touch()
+    elif kind == "text":
+        db.write_text("my notes\n")
+    elif kind == "directory":
+        db.mkdir()
+    before = _files(tmp_path)
+    page = ["--html", str(tmp_path / "page.html")] if command == "report" else []
+    capsys.readouterr()
+    assert main([command, "--db", str(db), *page]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"loomflow {command}: ") and str(db) in err, err
+    assert _files(tmp_path) == before  # no notes.stats.db, no page, the file as it was
+
+
+def test_a_stats_db_that_holds_other_tables_is_refused_before_anything_is_written(
+    journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["audit", "--db", str(journal)]) == 0
+    foreign = tmp_path / "app.db"
+    with contextlib.closing(sqlite3.connect(foreign)) as conn:
+        conn.execute("create table t(x)")
+
+    def others() -> dict[str, bytes | None]:  # opening the journal to read it may touch it
+        return {k: v for k, v in _files(tmp_path).items() if not k.startswith("journal.db")}
+
+    def tables(path: Path) -> list[str]:
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            return [n for (n,) in conn.execute("SELECT name FROM sqlite_master ORDER BY name")]
+
+    journal_tables = tables(journal)
+    for target in (journal, tmp_path / "journal.audit.db", foreign):
+        before = others()
+        capsys.readouterr()
+        assert main(["stats", "--db", str(journal), "--stats-db", str(target)]) == 1
+        err = capsys.readouterr().err
+        assert f"{target} is not a loomflow stats database: it holds other tables" in err, err
+        assert others() == before and tables(journal) == journal_tables
+
+
 def test_the_command_runs_as_a_user_runs_it(journal: Path) -> None:
     done = subprocess.run(
         [str(Path(sys.executable).parent / "loomflow"), "stats", "--db", str(journal)],
