@@ -58,7 +58,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "over time, per model and per user, tool calls and the slowest sessions. A period "
         f"with no runs gets a page that says so. {where}",
     )
-    report.add_argument("--html", type=Path, required=True, metavar="PATH", help="page to write")
+    report.add_argument(
+        "--html",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="page to write: a new file, or the page of an earlier report (no other file is "
+        "replaced)",
+    )
     _source_options(report)
     report.set_defaults(handler=_report)
 
@@ -233,8 +240,17 @@ def _report(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    from loomflow.processors.report import write_report
+    from loomflow.processors.report import refusal, write_report
 
+    # checked before the journal's tables are brought up to date: refused, nothing changes
+    why = refusal(args.html, _journal_files(args))
+    if why is not None:
+        print(
+            f"loomflow report: will not write over {args.html}: {why}; give --html a new "
+            "file, or the page of an earlier report",
+            file=sys.stderr,
+        )
+        return 1
     stats = _load(args, "report")
     if stats is None:
         return 1
@@ -253,6 +269,20 @@ def _report(args: argparse.Namespace) -> int:
             f"hours: {hours}, cost: ${total.cost_usd:,.6f})"
         )
     return 0
+
+
+def _journal_files(args: argparse.Namespace) -> dict[str, Path]:
+    """The files of --db that a report must never replace, by what they are."""
+    if args.db is None:
+        return {}
+    from loomflow.processors.stats_db import stats_path
+    from loomflow.projections.audit import default_trail_path
+
+    return {
+        f"the journal {args.db}": args.db,
+        f"the stats database of {args.db}": args.stats_db or stats_path(args.db),
+        f"the audit trail of {args.db}": default_trail_path(args.db),
+    }
 
 
 def _analytics(args: argparse.Namespace) -> int:

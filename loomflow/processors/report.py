@@ -8,6 +8,7 @@ attachment. Needs the ``[report]`` extra.
 from __future__ import annotations
 
 import html
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import plotly.io as pio
 from loomflow.processors.analytics import Counters, Stats, ms_text, parse_hour
 from loomflow.schemas.clock import utcnow
 
-__all__ = ["render_report", "write_report"]
+__all__ = ["refusal", "render_report", "write_report"]
 
 _TOKEN_KINDS = (
     ("input_tokens", "input"),
@@ -192,6 +193,48 @@ def render_report(stats: Stats, *, since: datetime | None = None) -> str:
         parts.append(f"<p class='meta'>records not counted: {html.escape(skipped)}</p>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+#: how every SQLite database file starts (sqlite.org/fileformat.html)
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def refusal(path: Path, keep: Mapping[str, Path] | None = None) -> str | None:
+    """Why the page must not be written to ``path``, or None when it may be.
+
+    ``keep`` names files never to replace (what they are -> path: the journal, its stats
+    database and audit trail; their -wal and -shm files too). Any other file that exists
+    is replaced only when it is empty or an HTML page, as an earlier report is: never a
+    database, a log or someone's notes.
+    """
+    for what, kept in (keep or {}).items():
+        for suffix in ("", "-wal", "-shm"):
+            if _same(path, kept.with_name(kept.name + suffix)):
+                return f"it is {what}" + (f" (its {suffix[1:]} file)" if suffix else "")
+    if path.is_dir():
+        return "it is a directory"
+    if not path.is_file():
+        return None  # a new file, or a device such as /dev/stdout
+    try:
+        with path.open("rb") as file:
+            head = file.read(512)
+    except OSError as exc:
+        return f"it cannot be read to see what it is ({exc.strerror})"
+    if head.startswith(_SQLITE_HEADER):
+        return "it is a SQLite database, not an HTML page"
+    start = head.removeprefix(b"\xef\xbb\xbf").lstrip().lower()
+    if start and not start.startswith((b"<!doctype html", b"<html")):
+        return "it exists and is not an HTML page"
+    return None
+
+
+def _same(a: Path, b: Path) -> bool:
+    if a.resolve() == b.resolve():
+        return True
+    try:
+        return a.samefile(b)  # a hard link
+    except OSError:
+        return False  # one of them does not exist
 
 
 def write_report(path: Path, stats: Stats, *, since: datetime | None = None) -> None:

@@ -204,3 +204,41 @@ def test_a_report_for_a_period_without_runs_says_so(
     assert _inked(opened.page.screenshot()) == 0
     assert opened.errors == [] and opened.network() == []
     opened.page.close()
+
+
+def _files(directory: Path) -> dict[str, bytes | None]:
+    return {p.name: p.read_bytes() if p.is_file() else None for p in directory.iterdir()}
+
+
+def test_the_page_is_never_written_over_the_journal_its_tables_or_a_file_that_is_not_html(
+    journal: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "j2.db"
+    shutil.copy(journal, db)
+    other = tmp_path / "app.sqlite"
+    other.write_bytes(b"SQLite format 3\x00" + bytes(100))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    (tmp_path / "pages").mkdir()
+    refused = {
+        db: "it is the journal",
+        tmp_path / "j2.stats.db": "it is the stats database of",
+        tmp_path / "j2.audit.db": "it is the audit trail of",
+        tmp_path / "j2.db-wal": "it is the journal",
+        other: "it is a SQLite database, not an HTML page",
+        notes: "it exists and is not an HTML page",
+        tmp_path / "pages": "it is a directory",
+    }
+    capsys.readouterr()
+    for page, why in refused.items():
+        before = _files(tmp_path)
+        assert report("--db", str(db), "--html", str(page)) == 1, page
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith(f"loomflow report: will not write over {page}: ")
+        assert why in err, err
+        assert _files(tmp_path) == before  # not the page, not the journal's stats: nothing
+    # an earlier report's page is what --html is for: it is replaced
+    earlier = tmp_path / "report.html"
+    earlier.write_text("<!DOCTYPE html><html><body>last week</body></html>")
+    assert report("--db", str(db), "--html", str(earlier)) == 0
+    assert "last week" not in earlier.read_text() and "loomflow report" in earlier.read_text()
