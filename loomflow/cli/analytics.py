@@ -95,8 +95,9 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
         "--since",
         type=parse_when,
         metavar="WHEN",
-        help="only hours from WHEN on: a date or time (2026-12-01, 2026-12-01T09:00, UTC "
-        "unless an offset is given) or an age (90m, 24h, 7d, 2w)",
+        help="only the UTC hours from the one WHEN falls in (the tables are hourly): a "
+        "date or time (2026-12-01, 2026-12-01T09:00, UTC unless an offset is given) or an "
+        "age (90m, 24h, 7d, 2w)",
     )
 
 
@@ -145,8 +146,10 @@ def _load(args: argparse.Namespace, command: str) -> Stats | None:
 
 
 def _period(args: argparse.Namespace) -> str:
+    from loomflow.processors.analytics import since_text
+
     since: datetime | None = args.since
-    return f"since {since.isoformat(timespec='minutes')}" if since else "yet"
+    return since_text(since) if since else "yet"
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -159,16 +162,19 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         import orjson
 
-        print(orjson.dumps(_as_json(stats, args.by), option=orjson.OPT_INDENT_2).decode())
+        data = _as_json(stats, args.by, since=args.since)
+        print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
     if stats.empty:
         print(f"no runs {_period(args)} in {stats.source}")
         return 0
-    _print_tables(stats, args.by)
+    _print_tables(stats, args.by, "" if args.since is None else _period(args))
     return 0
 
 
-def _as_json(stats: Stats, by: str) -> dict[str, Any]:
+def _as_json(stats: Stats, by: str, *, since: datetime | None = None) -> dict[str, Any]:
+    from loomflow.processors.analytics import hour_start
+
     def row(counters: Counters) -> dict[str, Any]:
         data = counters.to_json()
         del data["latency"]
@@ -181,6 +187,8 @@ def _as_json(stats: Stats, by: str) -> dict[str, Any]:
 
     return {
         "source": stats.source,
+        # the start of the first hour counted: the tables are hourly
+        "since": None if since is None else hour_start(since).isoformat(),
         "by": by,
         "rows": [{by: label, **row(c)} for label, c in stats.by(by)],  # type: ignore[arg-type]
         "totals": row(stats.totals()),
@@ -188,7 +196,7 @@ def _as_json(stats: Stats, by: str) -> dict[str, Any]:
     }
 
 
-def _print_tables(stats: Stats, by: str) -> None:
+def _print_tables(stats: Stats, by: str, period: str) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
@@ -197,12 +205,7 @@ def _print_tables(stats: Stats, by: str) -> None:
 
     # a pipe or a file gets every column, not 80 characters' worth
     console = Console(width=None if sys.stdout.isatty() else 160)
-    table = Table(
-        title=f"per {by} · {stats.source}",
-        box=box.SIMPLE_HEAD,
-        show_footer=True,
-        title_justify="left",
-    )
+    table = Table(box=box.SIMPLE_HEAD, show_footer=True)
     total = stats.totals()
     columns: list[tuple[str, Any]] = [
         ("runs", lambda c: f"{c.runs_started:,}"),
@@ -223,6 +226,10 @@ def _print_tables(stats: Stats, by: str) -> None:
         table.add_column(name, footer=cell(total), justify="right", no_wrap=True)
     for label, counters in stats.by(by):  # type: ignore[arg-type]
         table.add_row(label, *(cell(counters) for _, cell in columns))
+    # a heading of its own, not the table's title: a title wraps at the table's width,
+    # and the period it names must stay whole on one line
+    heading = " · ".join(filter(None, (f"per {by}", stats.source, period)))
+    console.print(heading, style="italic", soft_wrap=True, highlight=False)
     console.print(table)
     if total.tools:
         tools = Table(box=box.SIMPLE_HEAD)

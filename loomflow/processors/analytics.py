@@ -61,8 +61,10 @@ __all__ = [
     "admit",
     "contribution",
     "hour_of",
+    "hour_start",
     "ms_text",
     "run_transition",
+    "since_text",
 ]
 
 Dimension = Literal["model", "user", "hour"]
@@ -78,6 +80,17 @@ def hour_of(at: datetime) -> str:
 
 def parse_hour(hour: str) -> datetime:
     return datetime.strptime(hour, "%Y-%m-%dT%H:00Z").replace(tzinfo=UTC)
+
+
+def hour_start(at: datetime) -> datetime:
+    """The start of the UTC hour ``at`` falls in: where the hourly tables cut a period."""
+    return parse_hour(hour_of(at))
+
+
+def since_text(when: datetime) -> str:
+    """The period :meth:`Stats.since` keeps, for people: ``since 2026-12-01 14:00 UTC
+    (whole hours)`` for a ``when`` of 14:56, as the tables count whole hours."""
+    return f"since {hour_start(when):%Y-%m-%d %H:%M} UTC (whole hours)"
 
 
 # --- latency histogram --------------------------------------------------------------
@@ -569,14 +582,16 @@ class Stats:
     source: str = ""
 
     def since(self, when: datetime | None) -> Stats:
-        """Only the hours from the one ``when`` falls in, and the sessions active since."""
+        """Only the hours from the one ``when`` falls in, and the sessions active since
+        that hour began (see :func:`since_text`)."""
         if when is None:
             return self
-        first = hour_of(when)
+        start = hour_start(when)
+        first = hour_of(start)
         return replace(
             self,
             rows=[r for r in self.rows if r.hour >= first],
-            sessions=[s for s in self.sessions if s.last_at >= when],
+            sessions=[s for s in self.sessions if s.last_at >= start],
         )
 
     def by(self, dimension: Dimension) -> list[tuple[str, Counters]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from loomflow.processors.analytics import Counters, Stats, ms_text, parse_hour
+from loomflow.processors.analytics import Counters, Stats, ms_text, parse_hour, since_text
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["refusal", "render_report", "write_report"]
@@ -162,7 +162,7 @@ def _tools(total: Counters) -> str:
 
 def render_report(stats: Stats, *, since: datetime | None = None) -> str:
     """The page for ``stats`` (already cut at ``since``, which the heading names)."""
-    period = f"since {since.isoformat(timespec='minutes')}" if since else "all recorded hours"
+    period = since_text(since) if since else "all recorded hours"
     head = (
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
         "<title>loomflow report</title>"

@@ -197,9 +197,10 @@ def test_a_report_for_a_period_without_runs_says_so(
 ) -> None:
     page_file = tmp_path / "empty.html"
     assert report("--html", str(page_file), "--db", str(journal), "--since", "2099-01-01") == 0
-    assert "no runs since 2099-01-01T00:00+00:00" in capsys.readouterr().out
+    assert "no runs since 2099-01-01 00:00 UTC (whole hours)" in capsys.readouterr().out
     opened = Opened(browser, page_file)
-    assert opened.page.locator("#no-data").inner_text() == "No runs since 2099-01-01T00:00+00:00."
+    no_data = opened.page.locator("#no-data").inner_text()
+    assert no_data == "No runs since 2099-01-01 00:00 UTC (whole hours)."
     assert opened.page.locator(".js-plotly-plot").count() == 0
     assert _inked(opened.page.screenshot()) == 0
     assert opened.errors == [] and opened.network() == []

@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,7 @@ def test_a_period_without_runs_says_so_and_is_not_an_error(
 ) -> None:
     assert main(["stats", "--db", str(journal), "--since", "2099-01-01"]) == 0
     assert capsys.readouterr().out.strip() == (
-        f"no runs since 2099-01-01T00:00+00:00 in journal {journal}"
+        f"no runs since 2099-01-01 00:00 UTC (whole hours) in journal {journal}"
     )
     assert main(["stats", "--db", str(journal), "--since", "30m"]) == 0
     assert "haiku-ish" in capsys.readouterr().out  # the runs of the last minutes
@@ -202,6 +203,24 @@ def test_a_period_without_runs_says_so_and_is_not_an_error(
     with pytest.raises(SystemExit):
         main(["stats", "--db", str(journal), "--since", "yesterday"])
     assert "is neither an ISO date" in capsys.readouterr().err
+
+
+def test_since_names_the_whole_hours_the_tables_cover(
+    journal: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the tables are hourly: 14:56 is counted from 14:00, and the output says so
+    assert main(["stats", "--db", str(journal), "--since", "2099-01-01T14:56"]) == 0
+    assert capsys.readouterr().out.strip() == (
+        f"no runs since 2099-01-01 14:00 UTC (whole hours) in journal {journal}"
+    )
+    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    when = (hour + timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M")
+    assert main(["stats", "--db", str(journal), "--since", when]) == 0
+    title = capsys.readouterr().out.strip().splitlines()[0]
+    assert title == f"per model · journal {journal} · since {hour:%Y-%m-%d %H:%M} UTC (whole hours)"
+    data = stats_json(capsys, "--db", str(journal), "--since", "2099-01-01T14:56+01:00")
+    assert data["since"] == "2099-01-01T13:00:00+00:00" and data["rows"] == []
+    assert stats_json(capsys, "--db", str(journal))["since"] is None
 
 
 def test_the_stats_database_can_live_elsewhere(
