@@ -621,9 +621,11 @@ class Stats:
         return total
 
     def slowest(self, limit: int = 10) -> list[SessionStats]:
-        """Sessions whose model calls took longest in all, longest first."""
+        """Sessions whose model calls took longest in all, longest first; a session
+        that made no model call is not among them."""
         ranked = sorted(
-            self.sessions, key=lambda s: (-s.counters.latency_ms_total, -s.span_s, s.session_id)
+            (s for s in self.sessions if s.counters.model_calls),
+            key=lambda s: (-s.counters.latency_ms_total, -s.span_s, s.session_id),
         )
         return ranked[:limit]
 

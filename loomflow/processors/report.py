@@ -8,8 +8,9 @@ attachment. Needs the ``[report]`` extra.
 from __future__ import annotations
 
 import html
+import math
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -77,16 +78,54 @@ def _layout(figure: go.Figure, title: str, y: str) -> go.Figure:
     return figure
 
 
+def _dollars(figure: go.Figure) -> go.Figure:
+    """A y axis of dollars: $0.0005, not 500µ (plotly's SI prefixes read as micro-units)."""
+    figure.update_yaxes(
+        tickprefix="$", exponentformat="none", separatethousands=True, hoverformat=",.6f"
+    )
+    return figure
+
+
+_HOUR = timedelta(hours=1)
+_HOUR_MS = 3_600_000
+
+
+def _hour_bar(name: str, hours: list[datetime], y: list[float] | list[int]) -> go.Bar:
+    """Bars that each cover their UTC hour, from its start to its end (a little narrower,
+    so neighbouring hours stay apart)."""
+    return go.Bar(name=name, x=hours, y=y, width=0.9 * _HOUR_MS, offset=0.05 * _HOUR_MS)
+
+
+def _hour_axis(figure: go.Figure, hours: list[datetime]) -> go.Figure:
+    """An x axis of whole hours, with an hour either side of the bars: with one hour of
+    data plotly would otherwise stretch its bar over the chart and tick milliseconds."""
+    start, end = min(hours) - _HOUR, max(hours) + 2 * _HOUR
+    span = (end - start) / _HOUR
+    step = next((n for n in (1, 2, 3, 6, 12, 24, 48, 168) if span / n <= 12), None)
+    one_day = start.date() == (end - _HOUR).date()
+    figure.update_xaxes(
+        type="date",
+        range=[start, end],
+        tick0=start.replace(hour=0),  # ticks on hours a clock divides evenly
+        dtick=(step or 168 * math.ceil(span / 168 / 12)) * _HOUR_MS,
+        tickformat="%H:%M" if one_day else "%b %d %H:%M",
+        hoverformat="%b %d %H:%M UTC",
+        title_text=f"UTC, {start:%b %d %Y}" if one_day else "UTC",
+    )
+    figure.update_layout(showlegend=True)  # which model or kind, even when there is one
+    return figure
+
+
 def _figures(stats: Stats) -> list[tuple[str, go.Figure]]:
     per_hour_model = stats.by_hour_and("model")
     hours = [parse_hour(h) for h in per_hour_model]
     models = sorted({m for cell in per_hour_model.values() for m in cell})
     cost_time = go.Figure(
         [
-            go.Bar(
-                name=model,
-                x=hours,
-                y=[
+            _hour_bar(
+                model,
+                hours,
+                [
                     cell[model].cost_usd if model in cell else 0.0
                     for cell in per_hour_model.values()
                 ],
@@ -97,17 +136,21 @@ def _figures(stats: Stats) -> list[tuple[str, go.Figure]]:
     by_hour = stats.by("hour")
     tokens_time = go.Figure(
         [
-            go.Bar(
-                name=label,
-                x=[parse_hour(h) for h, _ in by_hour],
-                y=[getattr(c, attr) for _, c in by_hour],
+            _hour_bar(
+                label, [parse_hour(h) for h, _ in by_hour], [getattr(c, attr) for _, c in by_hour]
             )
             for attr, label in _TOKEN_KINDS
         ]
     )
     figures = [
-        ("cost-over-time", _layout(cost_time, "Cost per hour, by model", "USD")),
-        ("tokens-over-time", _layout(tokens_time, "Tokens per hour, by kind", "tokens")),
+        (
+            "cost-over-time",
+            _hour_axis(_dollars(_layout(cost_time, "Cost per hour, by model", "USD")), hours),
+        ),
+        (
+            "tokens-over-time",
+            _hour_axis(_layout(tokens_time, "Tokens per hour, by kind", "tokens"), hours),
+        ),
     ]
     for dimension in ("model", "user"):
         groups = stats.by(dimension)
@@ -119,7 +162,9 @@ def _figures(stats: Stats) -> list[tuple[str, go.Figure]]:
                 for attr, label in _TOKEN_KINDS
             ]
         )
-        figures.append((f"cost-per-{dimension}", _layout(cost, f"Cost per {dimension}", "USD")))
+        figures.append(
+            (f"cost-per-{dimension}", _dollars(_layout(cost, f"Cost per {dimension}", "USD")))
+        )
         figures.append(
             (f"tokens-per-{dimension}", _layout(tokens, f"Tokens per {dimension}", "tokens"))
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -183,6 +184,7 @@ def test_the_report_opens_offline_without_errors_and_draws_every_chart(
     for chart in CHARTS:
         drawn = _inked(opened.page.locator(f"#{chart}").screenshot())
         assert drawn > 1_000, f"chart {chart} has {drawn} coloured pixels: not drawn"
+    _assert_hours_and_dollars(opened.page, hours=7)
     slowest = opened.page.locator("#slowest-sessions tbody tr")
     assert slowest.count() == 10
     # the earlier hours' sessions are slowest: 300 ms + 250 ms an hour, one call each
@@ -243,3 +245,52 @@ def test_the_page_is_never_written_over_the_journal_its_tables_or_a_file_that_is
     earlier.write_text("<!DOCTYPE html><html><body>last week</body></html>")
     assert report("--db", str(db), "--html", str(earlier)) == 0
     assert "last week" not in earlier.read_text() and "loomflow report" in earlier.read_text()
+
+
+def _assert_hours_and_dollars(page: Page, *, hours: int) -> None:
+    """The time charts' ticks are whole hours and each hour's bar is about an hour wide;
+    the cost axes count dollars."""
+    for chart in ("cost-over-time", "tokens-over-time"):
+        ticks = page.locator(f"#{chart} .xtick text").all_text_contents()
+        assert ticks and all(re.fullmatch(r"(\w{3} \d\d )?\d\d:00", t) for t in ticks), ticks
+        area = page.locator(f"#{chart} .nsewdrag").bounding_box()
+        bars = [b.bounding_box() for b in page.locator(f"#{chart} .trace.bars path").all()]
+        assert area is not None and bars
+        widest = max(b["width"] for b in bars if b is not None)
+        # the axis spans the hours plus one either side
+        assert widest <= area["width"] / (hours + 2) + 1, (chart, widest, area)
+        assert widest >= area["width"] / (hours + 2) * 0.5, (chart, widest, area)
+    for chart in ("cost-over-time", "cost-per-model", "cost-per-user"):
+        ticks = page.locator(f"#{chart} .ytick text").all_text_contents()
+        assert ticks and all(re.fullmatch(r"\$\d[\d,]*(\.\d+)?", t) for t in ticks), ticks
+
+
+async def _one_hour(path: Path) -> None:
+    runtime = SqliteRuntime(path)
+    try:
+        await record_runs(runtime)
+    finally:
+        await runtime.close()
+
+
+def test_one_hour_of_runs_reads_as_one_hour_in_dollars(
+    browser: Browser, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "journal.db"
+    _off_the_loop(asyncio.run, _one_hour(db))
+    page_file = tmp_path / "report.html"
+    assert report("--html", str(page_file), "--db", str(db)) == 0
+    assert "hours: 1," in capsys.readouterr().out
+    opened = Opened(browser, page_file)
+    opened.page.wait_for_function(
+        f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {2 * len(CHARTS)}",
+        timeout=30_000,
+    )
+    opened.page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+    _assert_hours_and_dollars(opened.page, hours=1)
+    # sessions that made no model call (the run that failed at once) are not "slow"
+    slowest = opened.page.locator("#slowest-sessions tbody tr")
+    calls = [int(row.locator("td").nth(2).inner_text()) for row in slowest.all()]
+    assert len(calls) == 4 and all(calls), calls
+    assert opened.errors == [] and opened.network() == []
+    opened.page.close()
