@@ -366,6 +366,17 @@ def _who(user_id: Any) -> str:
     return "no user" if user_id is None else f"user {user_id}"
 
 
+def _none_of(user_id: Any) -> str:
+    """What ``sessions ls`` says when it lists nothing, and where else to look."""
+    from loomflow.runtime import ANY_USER
+
+    if user_id is ANY_USER:
+        return "no sessions of any user"
+    if user_id is not None:
+        return f"no sessions of user {user_id}; --all-users lists everyone's"
+    return "no sessions run without a user; --user U lists a user's, --all-users everyone's"
+
+
 async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRow:
     """The row of ``args.session`` for ``args.user``; another user's is "not found"."""
     from loomflow.runtime import Scope
@@ -389,9 +400,7 @@ async def _list_sessions(args: argparse.Namespace, runtime: Runtime, out: Consol
     user_id = _whose(args)
     rows = await _store(runtime).list_sessions(user_id=user_id, limit=args.limit + 1)
     if not rows:
-        out.print(
-            f"no sessions of {_who(user_id)}; --user U lists a user's, --all-users everyone's"
-        )
+        out.print(_none_of(user_id))
         return 0
     out.print(_sessions_table(rows[: args.limit], parent=True))
     if len(rows) > args.limit:

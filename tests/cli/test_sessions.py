@@ -190,6 +190,27 @@ def test_ls_without_a_user_lists_the_sessions_run_without_one_and_all_users_ever
     assert "--limit" in ran.out
 
 
+def test_ls_with_nothing_to_list_says_whose_sessions_it_looked_for(
+    cli: Cli, tmp_path: Path
+) -> None:
+    db = tmp_path / "empty.db"
+
+    async def make() -> None:
+        async with SqliteRuntime(db):
+            pass
+
+    asyncio.run(make())
+    ran = cli("sessions", "ls", "--db", str(db), "--all-users")
+    assert (ran.code, ran.out) == (0, "no sessions of any user\n")
+    ran = cli("sessions", "ls", "--db", str(db), "--user", "carol")
+    assert (ran.code, ran.out) == (0, "no sessions of user carol; --all-users lists everyone's\n")
+    ran = cli("sessions", "ls", "--db", str(db))
+    assert (ran.code, ran.out) == (
+        0,
+        "no sessions run without a user; --user U lists a user's, --all-users everyone's\n",
+    )
+
+
 def test_show_prints_the_transcript_checkpoints_newest_first_forks_and_usage(
     cli: Cli, journal: tuple[Path, Sessions]
 ) -> None:
