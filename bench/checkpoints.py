@@ -346,7 +346,7 @@ class Servers:
             self.processor_complaints = len(complaints)
             self.processor_complaint = complaints[-1][-300:] if complaints else ""
             with contextlib.suppress(OSError):
-                shutil.rmtree(Path(tempfile.gettempdir()) / "loomflow" / f"{self.name}-data")
+                shutil.rmtree(Path(tempfile.gettempdir()) / "loomflow-faust" / f"{self.name}-data")
         try:
             await self._drop_schema()
         except Exception as exc:

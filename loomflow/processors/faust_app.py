@@ -17,8 +17,9 @@ def new_app(app_id: str, settings: Settings) -> faust.App:
     """A faust app named ``app_id`` (its consumer group) on the settings' broker, with
     raw keys and values, memory tables, and no web server."""
     topics = Topics.from_settings(settings)
-    # faust writes a data directory even for memory tables: never into the caller's cwd
-    datadir = Path(tempfile.gettempdir()) / "loomflow" / f"{app_id}-data"
+    # faust writes a data directory even for memory tables: never into the caller's cwd,
+    # and not under <tmp>/loomflow, which Python started in <tmp> imports as loomflow
+    datadir = Path(tempfile.gettempdir()) / "loomflow-faust" / f"{app_id}-data"
     datadir.parent.mkdir(parents=True, exist_ok=True)
     return faust.App(
         app_id,
