@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomflow.cli import add_loglevel
+from loomflow.cli._log import quiet_kafka
 from loomflow.cli.sessions import parse_when
 
 if TYPE_CHECKING:
@@ -156,6 +157,7 @@ def _stats(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+    quiet_kafka()
     stats = _load(args, "stats")
     if stats is None:
         return 1
@@ -258,6 +260,7 @@ def _report(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    quiet_kafka()
     stats = _load(args, "report")
     if stats is None:
         return 1

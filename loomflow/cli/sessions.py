@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomflow.cli import _positive_int, _settings
+from loomflow.cli._log import quiet_kafka
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -249,6 +250,8 @@ def _handler(name: str, action: Action, *, writes: bool = False) -> Callable[...
         from loomflow.errors import InvalidIdError, LoomflowError
 
         console = _console()
+        if getattr(args, "kafka", False):
+            quiet_kafka()  # its error below says what went wrong, once
         try:
             return asyncio.run(_on_store(args, action, console, writes=writes))
         except _Refused as exc:

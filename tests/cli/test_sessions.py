@@ -546,6 +546,23 @@ def test_writes_into_a_read_model_that_kafka_feeds_need_kafka(cli: Cli, schema: 
     assert isinstance(rows, list) and len(rows) == 4
 
 
+def test_a_write_through_kafka_with_kafka_down_is_one_clear_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    env["LOOMFLOW_KAFKA_BOOTSTRAP"] = "127.0.0.1:1"  # nothing listens there
+    prune = ["prune", "--before", "30d", "--all-users", "--yes", "--kafka"]
+    done = subprocess.run(
+        [sys.executable, "-m", "loomflow.cli", *prune],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()  # not aiokafka's "Unable connect to ..." first
+    assert line.startswith("loomflow prune: Kafka at 127.0.0.1:1 is not reachable"), line
+
+
 # --- Kafka --------------------------------------------------------------------------------
 
 

@@ -299,6 +299,26 @@ def test_the_command_runs_as_a_user_runs_it(journal: Path) -> None:
     assert "per model" in done.stdout and "opus-ish" in done.stdout
 
 
+@pytest.mark.parametrize("command", [["stats"], ["report", "--html", "page.html"]])
+def test_with_kafka_down_the_error_is_one_clear_line_without_aiokafkas_logging(
+    command: list[str], tmp_path: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    env["LOOMFLOW_KAFKA_BOOTSTRAP"] = "127.0.0.1:1"  # nothing listens there
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "loomflow"), *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    (line,) = done.stderr.splitlines()  # not aiokafka's "Unable connect to ..." first
+    assert line.startswith(f"loomflow {command[0]}: Kafka at 127.0.0.1:1 is not reachable")
+    assert not (tmp_path / "page.html").exists()
+
+
 # --- at scale: `loomflow analytics` on Kafka -------------------------------------------
 
 
