@@ -188,10 +188,11 @@ def migrate(conn: sqlite3.Connection) -> None:
             for statement in _MIGRATIONS[version].split(";"):
                 if statement.strip():
                     conn.execute(statement)
-        conn.execute(
-            "INSERT OR REPLACE INTO loomflow_meta (key, value) VALUES ('schema_version', ?)",
-            (str(SCHEMA_VERSION),),
-        )
+        if current != SCHEMA_VERSION:  # a store at the version is opened without a write
+            conn.execute(
+                "INSERT OR REPLACE INTO loomflow_meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
         conn.execute("COMMIT")
     except BaseException:
         conn.execute("ROLLBACK")

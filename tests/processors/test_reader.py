@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from loomflow.errors import StoreError
-from loomflow.processors.reader import drain, sqlite_reader
+from loomflow.processors.reader import drain, require_log, sqlite_reader
 from loomflow.projections import sqlite as sql
 from loomflow.runtime import SqliteRuntime
 from loomflow.schemas import RunStarted
@@ -104,3 +104,12 @@ async def test_a_log_written_by_the_first_schema_is_migrated_with_its_positions(
             "SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'"
         ).fetchone()
     assert version == str(sql.SCHEMA_VERSION) and autoincrement == (old[-1][2],)
+
+
+async def test_reading_a_log_writes_nothing_to_it(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _run(db, "a")
+    before = db.read_bytes()
+    await require_log(db)
+    assert await _all(db)
+    assert db.read_bytes() == before
