@@ -92,12 +92,6 @@ def trail_of(
     if db is not None:
         return SqliteTrail(trail or default_trail_path(db), create=create)
     settings = Settings.resolve(settings)
-    store = PostgresStore(
-        settings.postgres_dsn,
-        schema=settings.db_schema,
-        max_size=2,
-        connect_timeout=settings.connect_timeout,
-        auto_migrate=settings.auto_migrate,
-    )
+    store = PostgresStore.from_settings(settings, max_size=2)
     where = f"audit trail in PostgreSQL schema {settings.db_schema}"
     return PostgresTrail(store._call, where, on_close=store.close)

@@ -316,14 +316,7 @@ def _runtime(args: argparse.Namespace, *, writes: bool) -> Runtime:
         return KafkaRuntime(settings=settings)
     from loomflow.runtime import PostgresStore, Runtime
 
-    store = PostgresStore(
-        settings.postgres_dsn,
-        schema=settings.db_schema,
-        max_size=2,
-        connect_timeout=settings.connect_timeout,
-        auto_migrate=settings.auto_migrate,
-        create=False,
-    )
+    store = PostgresStore.from_settings(settings, max_size=2, create=False)
     return Runtime(store)
 
 

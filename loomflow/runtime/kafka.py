@@ -249,12 +249,7 @@ class KafkaStore(EventStore):
         self.topics = Topics.from_settings(settings)
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
-        self._reads = PostgresStore(
-            settings.postgres_dsn,
-            schema=settings.db_schema,
-            connect_timeout=settings.connect_timeout,
-            auto_migrate=settings.auto_migrate,
-        )
+        self._reads = PostgresStore.from_settings(settings)
         self._producer = EventProducer(self.bootstrap, self.topics)
         self._positions = _Positions()
         self._listener = _Listener(settings, self._positions.advance, self._heard)

@@ -91,6 +91,18 @@ class PostgresStore(DatabaseStore):
             lambda batches: self._call(pg.commit_round, batches), self._cache
         )
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **options: Any) -> PostgresStore:
+        """The store of the settings' DSN and schema, with their timeout and migration
+        policy; ``options`` are the pool's sizes and ``create``."""
+        return cls(
+            settings.postgres_dsn,
+            schema=settings.db_schema,
+            connect_timeout=settings.connect_timeout,
+            auto_migrate=settings.auto_migrate,
+            **options,
+        )
+
     def __repr__(self) -> str:
         return f"PostgresStore({_redact(self.dsn)!r}, schema={self.schema!r})"
 
@@ -272,14 +284,7 @@ class PostgresRuntime(Runtime):
         settings: Settings | None = None,
     ) -> None:
         resolved = Settings.resolve(settings, postgres_dsn=dsn, db_schema=schema)
-        self._pg_store = PostgresStore(
-            resolved.postgres_dsn,
-            schema=resolved.db_schema,
-            min_size=min_size,
-            max_size=max_size,
-            connect_timeout=resolved.connect_timeout,
-            auto_migrate=resolved.auto_migrate,
-        )
+        self._pg_store = PostgresStore.from_settings(resolved, min_size=min_size, max_size=max_size)
         super().__init__(
             self._pg_store,
             max_checkpoints_per_session=max_checkpoints_per_session,
