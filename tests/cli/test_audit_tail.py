@@ -153,3 +153,30 @@ def test_audit_refuses_a_file_that_is_not_a_loomflow_log_and_creates_nothing(
         assert code == 1 and "is not a loomflow store" in out, out
     assert other.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["other.db"]
+
+
+def _position(path: Path, sql: str) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute(sql).fetchone()[0])
+
+
+def test_audit_and_stats_keep_their_own_positions_in_the_embedded_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = tmp_path / "journal.db"
+    asyncio.run(_run(db, "s1"))
+    assert _cli("audit", "--db", str(db), capsys=capsys)[0] == 0
+    audited = _position(tmp_path / "journal.audit.db", "SELECT next_position FROM audit_position")
+    asyncio.run(_run(db, "s2"))
+    assert _cli("stats", "--db", str(db), capsys=capsys)[0] == 0
+    counted = _position(
+        tmp_path / "journal.stats.db", "SELECT max(next_offset) FROM stats_positions"
+    )
+    end = _position(db, "SELECT max(position) FROM loomflow_events") + 1
+    # stats read to the end; the audit, not run since, stays where it was
+    assert counted == end > audited
+    assert _position(tmp_path / "journal.audit.db", "SELECT next_position FROM audit_position") == (
+        audited
+    )
+    code, out = _cli("audit", "--db", str(db), capsys=capsys)
+    assert code == 0 and f"audited {end - audited} new records" in out, out
