@@ -61,7 +61,11 @@ from loomflow.schemas.events import (
     TurnAppendedPayload,
 )
 
-__all__ = ["Agent"]
+__all__ = ["DEFAULT_AGENT_NAME", "Agent"]
+
+#: the name of an Agent not given one: a process that hosts a single agent resumes its
+#: runs without naming it
+DEFAULT_AGENT_NAME = "agent"
 
 logger = logging.getLogger("loomflow.agent")
 
@@ -162,10 +166,13 @@ class Agent:
         tools: Sequence[Callable[..., Any] | Tool] | None = None,
         output_schema: type[BaseModel] | None = None,
         effort: Effort | str | None = None,
+        name: str = DEFAULT_AGENT_NAME,
     ) -> None:
         if not isinstance(instructions, str):
             raise TypeError("instructions must be a string")
         self.instructions = instructions
+        # recorded in each run's run.started: what a process must host to resume the run
+        self.name = validate_id(name, "agent name")
         self.model = _resolve_model(model)
         self.runtime = runtime if runtime is not None else InProcRuntime()
         # what the agent made itself it also closes: a Claude model's HTTP client, the
@@ -244,6 +251,7 @@ class Agent:
             mode="run",
             metadata=dict(options.context.metadata),
             model=self.model.name,
+            agent=self.name,
         )
         restored = await self.runtime.restore(scope)
         return await _Run(self, writer, restored, options).drive(prompt)
@@ -309,6 +317,7 @@ class Agent:
             from_checkpoint=latest.checkpoint_id,
             metadata=dict(options.context.metadata),
             model=self.model.name,
+            agent=self.name,
         )
         restored = await self.runtime.restore(scope)
         return await _Run(self, writer, restored, options).drive(text)
@@ -374,6 +383,7 @@ class Agent:
             from_checkpoint=checkpoint_id,
             metadata=dict(options.context.metadata),
             model=self.model.name,
+            agent=self.name,
             fork=origin,
         )
         restored = await self.runtime.restore(child)

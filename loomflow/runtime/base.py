@@ -99,12 +99,17 @@ class Runtime(Resource):
         metadata: dict[str, Any] | None = None,
         fork: SessionForkedPayload | None = None,
         model: str | None = None,
+        agent: str | None = None,
     ) -> SessionWriter:
         """Claim the session for one writer (a new epoch) and record that a run started
-        (with the name of the ``model`` it calls, when given: analytics count runs per
-        model)."""
+        (with the name of the ``model`` it calls and of the ``agent`` it belongs to, when
+        given: analytics count runs per model, and a resume needs the agent)."""
         started = RunStartedPayload(
-            mode=mode, from_checkpoint=from_checkpoint, metadata=metadata or {}, model=model
+            mode=mode,
+            from_checkpoint=from_checkpoint,
+            metadata=metadata or {},
+            model=model,
+            agent=agent,
         )
         for _ in range(8):
             row = await self._store.session(scope)

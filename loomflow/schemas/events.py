@@ -78,6 +78,9 @@ class RunStartedPayload(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     #: the name of the model the run's agent calls (None in events from before it was kept)
     model: str | None = _optional()
+    #: the name of the agent whose run it is, so that a process hosting that agent can
+    #: resume the run (None in events from before it was kept)
+    agent: str | None = _optional()
 
 
 class RunFinishedPayload(BaseModel):

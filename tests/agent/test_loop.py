@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from loomflow import Agent, Message, SessionState, Tuning
+from loomflow.errors import InvalidIdError
 from loomflow.models import AnthropicModel, ScriptedModel
 from loomflow.runtime import InProcRuntime, Scope, SqliteRuntime
 from loomflow.schemas import RunFinished, RunStarted, TurnAppended
@@ -155,3 +156,37 @@ async def test_model_turns_record_their_model_and_wall_time_and_tool_turns_stay_
         stored = [p for (p,) in conn.execute("SELECT payload FROM loomflow_events")]
     assert sum("latency_ms" in p for p in stored) == 2
     assert not any('"model":null' in p or '"latency_ms":null' in p for p in stored)
+
+
+async def test_each_run_records_the_name_of_its_agent(tmp_path: Path) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    named = Agent(
+        "Be brief.",
+        model=ScriptedModel(lambda messages: "ok"),
+        runtime=runtime,
+        tuning=Tuning(checkpoint=True),
+        name="researcher",
+    )
+    first = await named.run("one")
+    await named.resume("two", session_id=first.session_id)
+    older = (await named.list_checkpoints(first.session_id))[-1].checkpoint_id
+    fork = await named.resume("three", session_id=first.session_id, from_checkpoint=older)
+    unnamed = Agent("Be brief.", model=ScriptedModel(lambda messages: "ok"), runtime=runtime)
+    other = await unnamed.run("four")
+
+    def agents(session_id: str) -> list[tuple[str, str | None]]:
+        return [
+            (e.payload.mode, e.payload.agent)
+            for e in events
+            if isinstance(e, RunStarted) and e.session_id == session_id
+        ]
+
+    events = await runtime.store.read_events(Scope(first.session_id))
+    assert agents(first.session_id) == [("run", "researcher"), ("resume", "researcher")]
+    events = await runtime.store.read_events(Scope(fork.session_id))
+    assert agents(fork.session_id) == [("fork", "researcher")]
+    events = await runtime.store.read_events(Scope(other.session_id))
+    assert agents(other.session_id) == [("run", "agent")]
+    await runtime.close()
+    with pytest.raises(InvalidIdError, match="agent name"):
+        Agent("x", model=ScriptedModel(["a"]), name="has space")
