@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -38,19 +38,8 @@ async def env() -> AsyncIterator[KafkaEnv]:
     await made.close()
 
 
-async def _end_offsets(env: KafkaEnv) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
-        ends = await consumer.end_offsets(partitions)
-        return {tp.partition: offset for tp, offset in ends.items()}
-    finally:
-        await consumer.stop()
-
-
 async def _caught_up(env: KafkaEnv) -> bool:
-    ends = await _end_offsets(env)
+    ends = await env.end_offsets()
     positions = await env.positions()
     return all(positions.get(p, 0) >= end for p, end in ends.items())
 
@@ -196,7 +185,7 @@ async def test_a_processor_killed_mid_batch_leaves_a_model_equal_to_the_fold(
         batch = [e for k in range(n, n + 50) for e in session_events(f"s{k}", passes=20)]
         await producer.send(batch)
     await producer.stop()
-    total = sum((await _end_offsets(env)).values())
+    total = sum((await env.end_offsets()).values())
 
     victim = env.processor_process()
     try:

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from loomflow import Message
 from loomflow.errors import ProjectionTimeoutError, StaleWriterError, StoreError
@@ -108,10 +107,10 @@ async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: K
     # the zombie's runtime hears of the new epoch and refuses before writing to the log
     watch = zombie_rt.store._watches[(None, "s1")]
     await eventually(lambda: watch.epoch == fresh.epoch, what="the new epoch's notification")
-    ends = await _end_offsets(env)
+    ends = await env.end_offsets()
     with pytest.raises(StaleWriterError):
         await zombie.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
-    assert await _end_offsets(env) == ends, "a fenced writer still wrote to the log"
+    assert await env.end_offsets() == ends, "a fenced writer still wrote to the log"
 
     # a zombie that never heard (its process was asleep): the projector refuses its event,
     # and the writer learns it when its run confirms
@@ -292,13 +291,3 @@ async def test_a_restart_under_a_running_agent_loses_nothing(env: KafkaEnv, serv
         processor.stop()
     expected = await fold_of(await log_events(env.bootstrap, env.topics))
     assert await in_postgres(env.dsn, env.schema) == expected
-
-
-async def _end_offsets(env: KafkaEnv) -> dict[int, int]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap)
-    await consumer.start()
-    try:
-        partitions = [TopicPartition(env.topics.events, p) for p in range(env.topics.partitions)]
-        return {tp.partition: o for tp, o in (await consumer.end_offsets(partitions)).items()}
-    finally:
-        await consumer.stop()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors import Projector
@@ -119,6 +120,16 @@ class KafkaEnv:
         """``loomflow processor`` (the faust app) as a child process on this environment."""
         return start_processor(self.variables())
 
+    async def end_offsets(self) -> dict[int, int]:
+        """Partition -> the offset after the last record of the events topic."""
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap)
+        await consumer.start()
+        try:
+            tps = [TopicPartition(self.topics.events, p) for p in range(self.topics.partitions)]
+            return {tp.partition: o for tp, o in (await consumer.end_offsets(tps)).items()}
+        finally:
+            await consumer.stop()
+
     async def positions(self, consumer: str | None = None) -> dict[int, int]:
         conn = await asyncpg.connect(self.dsn)
         try:
@@ -146,6 +157,16 @@ class KafkaEnv:
         finally:
             await conn.close()
         await drop_environment(self.settings)
+        # `loomflow analytics`, run on this environment, made its table's topics
+        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
+        await admin.start()
+        try:
+            group = self.settings.analytics_group
+            ours = [t for t in await admin.list_topics() if t.startswith(f"{group}-")]
+            if ours:
+                await admin.delete_topics(ours)
+        finally:
+            await admin.close()
         for prefix in self.extra_topics:
             admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
             await admin.start()
