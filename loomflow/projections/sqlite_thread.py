@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from loomflow.errors import StoreError
+from loomflow.errors import StoreClosedError, StoreError
 
 __all__ = ["SqliteThread", "open_own"]
 
@@ -23,7 +23,8 @@ T = TypeVar("T")
 
 class SqliteThread:
     """Runs ``fn(conn, *args)`` on one thread; ``connect`` opens the connection there on
-    first use. A database error becomes a StoreError naming ``where``."""
+    first use. A database error becomes a StoreError naming ``where``; a call after
+    ``close`` raises StoreClosedError."""
 
     def __init__(self, connect: Callable[[], sqlite3.Connection], where: str) -> None:
         self._connect = connect
@@ -34,7 +35,7 @@ class SqliteThread:
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         if self._closed:
-            raise StoreError(f"{self.where} is closed")
+            raise StoreClosedError(f"{self.where} is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._run, fn, *args))
 
@@ -57,9 +58,13 @@ class SqliteThread:
         await loop.run_in_executor(self._executor, self._disconnect)
         self._executor.shutdown(wait=False)
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _disconnect(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            self._conn.close()  # the last connection to close checkpoints and removes the WAL
             self._conn = None
 
 

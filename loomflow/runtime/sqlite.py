@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import PruneFilter
+from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.journal import Serializer
@@ -52,60 +50,31 @@ class SqliteStore(DatabaseStore):
         self.path = Path(path)
         self._busy_timeout_ms = busy_timeout_ms
         self.create = create
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loomflow-sqlite")
-        self._conn: sqlite3.Connection | None = None
-        self._closed = False
+        self._thread = SqliteThread(self._open, f"the SQLite store {self.path}")
+        self._call = self._thread.call
         super().__init__()
         self._writes = GroupCommit(
             lambda batches: self._call(sql.commit_round, batches), self._cache
         )
 
-    # -- thread plumbing ---------------------------------------------------------------
-
-    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        if self._closed:
-            raise StoreClosedError(f"the SQLite store {self.path} is closed")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self._run, fn, *args))
-
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        conn = self._conn or self._open()
-        try:
-            return fn(conn, *args)
-        except sqlite3.DatabaseError as exc:
-            if conn.in_transaction:
-                conn.rollback()
-            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
-
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"directory {self.path.parent} does not exist for store {self.path}")
-        self._conn = sql.connect(self.path, self._busy_timeout_ms, create=self.create)
-        return self._conn
+        return sql.connect(self.path, self._busy_timeout_ms, create=self.create)
 
     async def open(self) -> None:
         """Open (creating or migrating) the file now instead of on first use."""
         await self._call(_no_op)
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._close_conn)
-        self._executor.shutdown(wait=False)
-
-    def _close_conn(self) -> None:
-        if self._conn is not None:
-            self._conn.close()  # the last connection to close checkpoints and removes the WAL
-            self._conn = None
+        await self._thread.close()
 
     # -- writes ------------------------------------------------------------------------
 
     async def append(self, events: Sequence[Event]) -> None:
         if not events:
             return
-        if self._closed:
+        if self._thread.closed:
             raise StoreClosedError(f"the SQLite store {self.path} is closed")
         await self._writes.append(list(events))
 
