@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 __all__ = [
     "add_db_option",
     "count",
-    "kafka_source",
     "quiet_kafka",
     "reader_of",
+    "settings_unless_db",
     "trail_of",
     "user_of",
 ]
@@ -56,8 +56,15 @@ def count(n: int, noun: str) -> str:
     return f"{n} {noun if n == 1 else plural}"
 
 
-def kafka_source(settings: Settings) -> str:
-    return f"Kafka topic {settings.events_topic} at {settings.kafka_bootstrap}"
+def settings_unless_db(db: Path | None) -> tuple[bool, Settings | None]:
+    """Whether the command can go on, and the LOOMFLOW_* settings it reads (None for an
+    embedded log, which needs none); invalid settings were reported."""
+    if db is not None:
+        return True, None
+    from loomflow.cli import _settings
+
+    settings = _settings()
+    return settings is not None, settings
 
 
 def reader_of(

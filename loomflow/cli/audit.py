@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 from loomflow.cli._log import (
     add_db_option,
     count,
-    kafka_source,
     quiet_kafka,
     reader_of,
+    settings_unless_db,
     trail_of,
     user_of,
 )
@@ -69,21 +69,11 @@ def _console() -> Console:
     return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
 
 
-def _settings_for(args: argparse.Namespace) -> tuple[bool, Settings | None]:
-    """Whether the settings are usable, and them (None for an embedded log)."""
-    if args.db is not None:
-        return True, None
-    from loomflow.cli import _settings
-
-    settings = _settings()
-    return settings is not None, settings
-
-
 def _audit(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
     console = _console()
-    usable, settings = _settings_for(args)
+    usable, settings = settings_unless_db(args.db)
     if not usable:
         return 2
     if not args.follow:
@@ -131,7 +121,7 @@ def _verify(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
     console = _console()
-    usable, settings = _settings_for(args)
+    usable, settings = settings_unless_db(args.db)
     if not usable:
         return 2
     quiet_kafka()
@@ -168,7 +158,7 @@ async def _run_verify(
             audited = await committed_offsets(settings, settings.audit_group)
         async with reader_of(db, settings, start="beginning") as fresh:
             result = await verify_trail(trail, fresh, audited, **filters)
-            return result, fresh.source if settings is None else kafka_source(settings)
+            return result, fresh.source
 
 
 def _default_trail(db: Path) -> Path:

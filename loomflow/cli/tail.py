@@ -9,7 +9,13 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import add_db_option, quiet_kafka, reader_of, user_of
+from loomflow.cli._log import (
+    add_db_option,
+    quiet_kafka,
+    reader_of,
+    settings_unless_db,
+    user_of,
+)
 
 if TYPE_CHECKING:
     from loomflow.processors.reader import LogRecord
@@ -48,13 +54,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _tail(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
-    settings = None
-    if args.db is None:
-        from loomflow.cli import _settings
-
-        settings = _settings()
-        if settings is None:
-            return 2
+    usable, settings = settings_unless_db(args.db)
+    if not usable:
+        return 2
     quiet_kafka()
     start = "beginning" if args.from_beginning else "end"
     try:
