@@ -12,13 +12,18 @@ from loomflow.agent import (
     Tool,
     Tuning,
     get_run_context,
+    wait_for_signal,
 )
 from loomflow.errors import (
     CheckpointNotFoundError,
     InvalidIdError,
     LoomflowError,
     OutputValidationError,
+    RunTakenError,
     SerializationError,
+    SessionBusyError,
+    SessionNotFoundError,
+    SignalTimeoutError,
 )
 from loomflow.models.base import Effort
 from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
@@ -53,8 +58,12 @@ __all__ = [
     "Role",
     "RunContext",
     "RunResult",
+    "RunTakenError",
     "SerializationError",
+    "SessionBusyError",
+    "SessionNotFoundError",
     "SessionState",
+    "SignalTimeoutError",
     "SqliteRuntime",
     "TextDelta",
     "Tool",
@@ -64,6 +73,7 @@ __all__ = [
     "current_journal",
     "get_run_context",
     "new_id",
+    "wait_for_signal",
 ]
 
 

@@ -13,9 +13,13 @@ __all__ = [
     "ModelError",
     "OutputValidationError",
     "ProjectionTimeoutError",
+    "RunTakenError",
     "SequenceConflictError",
     "SerializationError",
+    "SessionBusyError",
     "SessionErasedError",
+    "SessionNotFoundError",
+    "SignalTimeoutError",
     "StaleWriterError",
     "StoreClosedError",
     "StoreError",
@@ -81,6 +85,26 @@ class SequenceConflictError(InvalidEventError):
 
 class SessionErasedError(InvalidEventError):
     """The session was erased; nothing can be appended to it again."""
+
+
+class SessionNotFoundError(LoomflowError, LookupError):
+    """No session of that id exists for this user (or it was erased)."""
+
+
+class SessionBusyError(LoomflowError):
+    """A live run holds the session, so it cannot be signalled or taken now. Retriable:
+    once the run waits, ends or goes silent past its lease, the same call succeeds."""
+
+    retriable = True
+
+
+class RunTakenError(LoomflowError):
+    """Another process claimed the session first (a worker, a resume, a signal): the
+    run this call meant to take over is someone else's now. Nothing was written."""
+
+
+class SignalTimeoutError(LoomflowError, TimeoutError):
+    """``wait_for_signal`` passed its timeout with no signal of that name."""
 
 
 class StoreError(LoomflowError):

@@ -2,6 +2,7 @@
 
 from loomflow.agent.context import RunContext, get_run_context
 from loomflow.agent.loop import Agent
+from loomflow.agent.signals import wait_for_signal
 from loomflow.agent.streaming import RunItem, TextDelta
 from loomflow.agent.tools import Tool, as_tool
 from loomflow.agent.tuning import CONTINUATION_PROMPT, SessionState, StopHook, Tuning
@@ -18,4 +19,5 @@ __all__ = [
     "Tuning",
     "as_tool",
     "get_run_context",
+    "wait_for_signal",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import inspect
@@ -9,7 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from loomflow.agent.context import RunContext
 from loomflow.agent.context import activate as activate_context
 from loomflow.agent.context import deactivate as deactivate_context
+from loomflow.agent.signals import Suspended
 from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_of
 from loomflow.agent.tools import Tool, as_tool
 from loomflow.agent.tuning import SessionState, Tuning
@@ -43,7 +45,9 @@ from loomflow.schemas import (
     Role,
     RunFailed,
     RunFinished,
+    RunHeartbeat,
     RunResult,
+    RunWaiting,
     StopReason,
     ToolCall,
     TranscriptCompacted,
@@ -57,6 +61,7 @@ from loomflow.schemas.events import (
     CheckpointWrittenPayload,
     RunFailedPayload,
     RunFinishedPayload,
+    RunWaitingPayload,
     TranscriptCompactedPayload,
     TurnAppendedPayload,
 )
@@ -245,16 +250,43 @@ class Agent:
             new_id("sess") if options.session_id is None else options.session_id,
             options.context.user_id,
         )
+        return await self._drive(scope, options, prompt, mode="run")
+
+    async def _drive(
+        self,
+        scope: Scope,
+        options: _RunOptions,
+        prompt: str,
+        *,
+        mode: Literal["run", "resume"],
+        from_checkpoint: str | None = None,
+        continuing: bool = False,
+        claim_after: int | None = None,
+        worker: str | None = None,
+        park_on_failure: bool = False,
+    ) -> RunResult:
+        """Claim the session, restore it and run the loop on it."""
         writer = await self.runtime.open_session(
             scope,
             run_id=new_id("run"),
-            mode="run",
+            mode=mode,
+            from_checkpoint=from_checkpoint,
             metadata=dict(options.context.metadata),
             model=self.model.name,
             agent=self.name,
+            claim_after=claim_after,
+            worker=worker,
         )
         restored = await self.runtime.restore(scope)
-        return await _Run(self, writer, restored, options).drive(prompt)
+        run = _Run(
+            self,
+            writer,
+            restored,
+            options,
+            continuing=continuing,
+            park_on_failure=park_on_failure,
+        )
+        return await run.drive(prompt)
 
     async def resume(
         self,
@@ -309,18 +341,58 @@ class Agent:
                 return await self._fork(scope, target.checkpoint_id, text, options)
         if latest is None:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
-            return await self.run(text, session_id=session_id, user_id=user_id, **run_kwargs)
-        writer = await self.runtime.open_session(
+        return await self._drive(
             scope,
-            run_id=new_id("run"),
-            mode="resume",
-            from_checkpoint=latest.checkpoint_id,
-            metadata=dict(options.context.metadata),
-            model=self.model.name,
-            agent=self.name,
+            options,
+            text,
+            mode="run" if latest is None else "resume",
+            from_checkpoint=None if latest is None else latest.checkpoint_id,
+            continuing=prompt is None,
         )
-        restored = await self.runtime.restore(scope)
-        return await _Run(self, writer, restored, options).drive(text)
+
+    async def signal(
+        self, session_id: str, name: str, payload: Any = None, *, user_id: str | None = None
+    ) -> None:
+        """Send the signal ``name`` with ``payload`` (JSON, at most 64 KiB) to a session.
+
+        From any process. The signal is kept in the session's inbox until its run's
+        ``wait_for_signal(name)`` receives it: a run that waits for it now is resumed by
+        a worker that hosts this agent (or call ``resume(session_id=...)``); a run that
+        waits for it later receives it then. Raises SessionNotFoundError for a session
+        this user does not have, SessionBusyError while a live run holds the session
+        (retriable), SerializationError for a payload that is not JSON or too large.
+        """
+        validate_id(session_id, "session_id")
+        await self.runtime.signal(Scope.of(session_id, user_id), name, payload)
+
+    async def take_over(
+        self,
+        session_id: str,
+        *,
+        user_id: str | None,
+        after_seq: int,
+        worker: str,
+        last_attempt: bool = False,
+    ) -> RunResult:
+        """Resume a run on behalf of a worker (``prompt=None``), only if its session
+        still ends at ``after_seq``: of several workers that saw the same abandoned or
+        signalled run, exactly one takes it; the others get RunTakenError. On the
+        ``last_attempt``, a failure parks the session (``loomflow sessions ls --stuck``).
+        """
+        scope = Scope.of(session_id, user_id)
+        options = self._options(None, user_id, session_id, None, None, None, None, 1, None)
+        latest = await self.runtime.store.checkpoint(scope, None)
+        return await self._drive(
+            scope,
+            options,
+            self.tuning.continuation_prompt,
+            mode="run" if latest is None else "resume",
+            from_checkpoint=None if latest is None else latest.checkpoint_id,
+            continuing=True,
+            claim_after=after_seq,
+            worker=worker,
+            park_on_failure=last_attempt,
+        )
 
     async def stream(self, prompt: str, **run_kwargs: Any) -> AsyncIterator[RunItem | RunResult]:
         """Run as ``run`` does and yield what ``emit`` would receive, then the RunResult.
@@ -408,8 +480,16 @@ class _Run:
         writer: SessionWriter,
         restored: RestoredState | None,
         options: _RunOptions,
+        *,
+        continuing: bool = False,
+        park_on_failure: bool = False,
     ) -> None:
         self.agent = agent
+        #: where the run this one continues stopped to wait for a signal (resume with no
+        #: prompt): it goes on from there, without the continuation nudge
+        self.waited = restored.session.waiting if continuing and restored is not None else None
+        #: a worker's last retry: a failure parks the session (``sessions ls --stuck``)
+        self.park_on_failure = park_on_failure
         self.tuning = agent.tuning
         self.writer = writer
         self.options = options
@@ -450,26 +530,43 @@ class _Run:
 
     async def _observe(self, events: list[Event]) -> None:
         for event in events:
-            await self._emit(event)
+            if not isinstance(event, RunHeartbeat):
+                await self._emit(event)
 
     async def _drive(self, prompt: str) -> RunResult:
+        beat = asyncio.create_task(self.writer.keep_alive(self.agent.runtime.lease_seconds / 3))
+        try:
+            return await self._drive_alive(prompt)
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+
+    async def _drive_alive(self, prompt: str) -> RunResult:
         for event in self.writer.opened:
             await self._emit(event)
         retries = self.options.retries
+        # a run that stopped in a stop hook to wait goes back into its stop hooks first
+        in_hooks = self.waited is not None and self.waited.where == "stop_hook"
         try:
-            await self._finish_pending_tools()
-            opening: list[Message] = []
-            if not self.messages:
-                opening.append(Message.system(self.agent.instructions))
-            opening.append(Message.user(self._with_schema_note(prompt)))
-            await self._append(opening, durable=False)
+            if not in_hooks:
+                await self._finish_pending_tools()
+            if self.waited is None:
+                opening: list[Message] = []
+                if not self.messages:
+                    opening.append(Message.system(self.agent.instructions))
+                opening.append(Message.user(self._with_schema_note(prompt)))
+                await self._append(opening, durable=False)
             hook_iterations = 0
             while True:
-                await self._pass()
-                await self._maybe_compact()
-                self.passes += 1
-                if self.tuning.checkpoint:
-                    await self._checkpoint()
+                if in_hooks:
+                    in_hooks = False
+                else:
+                    await self._pass()
+                    await self._maybe_compact()
+                    self.passes += 1
+                    if self.tuning.checkpoint:
+                        await self._checkpoint()
                 if self.stop_reason == "max_turns":
                     self._parse_quietly()
                     break
@@ -498,6 +595,8 @@ class _Run:
                     model=self.agent.model.name,
                 ),
             )
+        except Suspended as suspended:
+            return await self._wait(suspended.waiting)
         except BaseException as exc:
             await self._record_failure(exc)
             raise
@@ -505,6 +604,18 @@ class _Run:
         # wait for the projector at the end of a run); a refusal of any event raises here
         await self.writer.confirm()
         return self._result(output)
+
+    async def _wait(self, waiting: RunWaitingPayload) -> RunResult:
+        """End the run as waiting for a signal: recorded, so a worker resumes it."""
+        try:
+            await self.writer.emit(RunWaiting, waiting)
+        except BaseException as exc:
+            await self._record_failure(exc)
+            raise
+        await self.writer.confirm()
+        logger.info("%s waits for signal %r", self.writer.scope.describe(), waiting.signal)
+        self.stop_reason = "waiting"
+        return self._result(self._output(), waiting_for=waiting.signal)
 
     async def _pass(self) -> None:
         calls = 0
@@ -691,10 +802,16 @@ class _Run:
             passes=self.passes,
             output=self._output(),
         )
+        # a hook's journal steps and signal waits are keyed by the turn they follow
+        journal = Journal(self.writer, prefix=f"stop:{self.turns}/")
         for hook in self.tuning.stop_hooks:
-            outcome: Any = hook(state)
-            if inspect.isawaitable(outcome):
-                outcome = await outcome
+            token = journal.activate()
+            try:
+                outcome: Any = hook(state)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+            finally:
+                Journal.deactivate(token)
             if outcome is None:
                 continue
             if isinstance(outcome, str):
@@ -800,6 +917,7 @@ class _Run:
                     error_type=type(exc).__name__,
                     error=str(exc)[:2000],
                     model=self.agent.model.name,
+                    parked=True if self.park_on_failure else None,
                 ),
             )
         except BaseException as again:  # the store may be what failed
@@ -811,7 +929,7 @@ class _Run:
                 return message.content
         return ""
 
-    def _result(self, output: str) -> RunResult:
+    def _result(self, output: str, *, waiting_for: str | None = None) -> RunResult:
         parent = self.session
         return RunResult(
             parsed=self.parsed,
@@ -829,6 +947,7 @@ class _Run:
             stop_reason=self.stop_reason,
             parent_session_id=parent.parent_session_id if parent else None,
             parent_checkpoint_id=parent.parent_checkpoint_id if parent else None,
+            waiting_for=waiting_for,
         )
 
 

@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: modules of the commands that read the log or a store: each has ``NAMES`` (the commands it
 #: adds), ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
-_MODULES: tuple[str, ...] = ("analytics", "audit", "sessions", "tail")
+_MODULES: tuple[str, ...] = ("analytics", "audit", "sessions", "tail", "worker")
 
 
 def _command_modules() -> list[CommandModule]:

@@ -165,6 +165,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "and cost, the session it was forked from. Erased sessions are not listed.",
     )
     _limit_option(ls)
+    ls.add_argument(
+        "--stuck",
+        action="store_true",
+        help="only the sessions a worker gave up on (parked), with their last error",
+    )
     ls.set_defaults(handler=_handler("sessions ls", _list_sessions))
     show = verbs.add_parser(
         "show",
@@ -394,11 +399,15 @@ async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRow:
 
 async def _list_sessions(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
     user_id = _whose(args)
-    rows = await _store(runtime).list_sessions(user_id=user_id, limit=args.limit + 1)
+    status = "stuck" if args.stuck else None
+    rows = await _store(runtime).list_sessions(user_id=user_id, limit=args.limit + 1, status=status)
     if not rows:
-        out.print(_none_of(user_id))
+        out.print("no stuck sessions" if args.stuck else _none_of(user_id))
         return 0
     out.print(_sessions_table(rows[: args.limit], parent=True))
+    if args.stuck:
+        for row in rows[: args.limit]:
+            out.print(f"{row.session_id}: {row.last_error}", markup=False, highlight=False)
     if len(rows) > args.limit:
         out.print(f"the {args.limit} most recently active shown; --limit N for more")
     return 0

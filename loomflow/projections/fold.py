@@ -26,13 +26,16 @@ from loomflow.schemas import (
     RunFailed,
     RunFinished,
     RunStarted,
+    RunWaiting,
     SessionErased,
     SessionForked,
+    SignalSent,
     StepRecorded,
     TranscriptCompacted,
     TurnAppended,
     Usage,
 )
+from loomflow.schemas.events import CLAIM_TYPES
 
 __all__ = [
     "BASE_TYPES",
@@ -43,6 +46,7 @@ __all__ = [
     "DeleteCheckpoints",
     "EraseSession",
     "Mutation",
+    "PendingSignal",
     "PruneFilter",
     "PutCheckpoint",
     "PutStep",
@@ -51,18 +55,39 @@ __all__ = [
     "SessionRow",
     "SessionStatus",
     "StepRow",
+    "Waiting",
     "fold",
     "materialise",
     "maybe_redelivered",
     "project",
 ]
 
-SessionStatus = Literal["running", "finished", "failed", "erased"]
+SessionStatus = Literal["running", "waiting", "finished", "failed", "stuck", "erased"]
 
 #: Events whose messages replace the transcript (a fork's origin, a compaction).
 BASE_TYPES = ("session.forked", "transcript.compacted")
 #: Events that carry transcript messages.
 TRANSCRIPT_TYPES = ("turn.appended", *BASE_TYPES)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a session's run stopped to wait for (``run.waiting``)."""
+
+    signal: str
+    step_key: str
+    until: datetime | None
+    where: Literal["tool", "stop_hook"]
+
+
+@dataclass(frozen=True)
+class PendingSignal:
+    """A signal in the session's inbox: sent, not yet received by a wait."""
+
+    seq: int
+    name: str
+    data: Any
+    at: datetime
 
 
 @dataclass(frozen=True)
@@ -83,6 +108,16 @@ class SessionRow:
     parent_session_id: str | None = None
     parent_checkpoint_id: str | None = None
     last_run_id: str | None = None
+    #: the agent of the latest run, and the silence after which that run is abandoned
+    agent: str | None = None
+    lease_seconds: float | None = None
+    #: what the session's run waits for (status "waiting"), and signals not received yet
+    waiting: Waiting | None = None
+    inbox: tuple[PendingSignal, ...] = ()
+    #: runs a worker started since the session last finished or waited, and the error
+    #: of the last failed run: a worker's bounded retries, kept across processes
+    attempts: int = 0
+    last_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +215,7 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
             f"writer epoch {event.epoch} is older than epoch {session.epoch} of session "
             f"{session.session_id!r}: another run took the session over"
         )
-    claims = isinstance(event, RunStarted | SessionForked | SessionErased)
+    claims = isinstance(event, CLAIM_TYPES)
     if event.epoch > session.epoch and not claims:
         raise InvalidEventError(
             f"{event.type} at epoch {event.epoch} but session {session.session_id!r} is at "
@@ -198,18 +233,39 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
     changes: dict[str, Any] = {"last_seq": event.seq, "epoch": event.epoch, "updated_at": event.at}
     mutations: list[Mutation] = []
     match event:
-        case RunStarted():
-            changes.update(status="running", last_run_id=event.run_id)
+        case RunStarted(payload=p):
+            # ``waiting`` stays: the resumed run reads where its predecessor waited
+            changes.update(
+                status="running",
+                last_run_id=event.run_id,
+                agent=p.agent,
+                lease_seconds=p.lease_seconds,
+                attempts=session.attempts + 1 if p.worker is not None else session.attempts,
+            )
         case RunFinished():
-            changes["status"] = "finished"
-        case RunFailed():
-            changes["status"] = "failed"
+            changes.update(status="finished", waiting=None, attempts=0, last_error=None)
+        case RunFailed(payload=p):
+            changes.update(
+                status="stuck" if p.parked else "failed",
+                waiting=None,
+                last_error=f"{p.error_type}: {p.error}"[:500],
+            )
+        case RunWaiting(payload=p):
+            changes.update(
+                status="waiting",
+                waiting=Waiting(p.signal, p.step_key, p.until, p.where),
+                attempts=0,
+            )
+        case SignalSent(payload=p):
+            changes["inbox"] = (*session.inbox, PendingSignal(event.seq, p.name, p.data, event.at))
         case TurnAppended(payload=p):
             changes.update(
                 turns=session.turns + int(p.model_call),
                 usage=session.usage + p.usage,
                 message_count=session.message_count + len(p.messages),
             )
+            if p.model_call and session.waiting is not None:
+                changes["waiting"] = None  # the resumed run went on past where it waited
             mutations.append(AddTranscript(event.seq, False, p.messages))
         case TranscriptCompacted(payload=p):
             changes.update(
@@ -229,6 +285,8 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
             )
             mutations.append(AddTranscript(event.seq, True, p.messages))
         case StepRecorded(payload=p):
+            if p.signal_seq is not None:
+                changes["inbox"] = tuple(s for s in session.inbox if s.seq != p.signal_seq)
             mutations.append(
                 PutStep(
                     StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
@@ -259,10 +317,18 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
         case CheckpointsPruned(payload=p):
             mutations.append(DeleteCheckpoints(p.checkpoint_ids))
         case SessionErased():
-            changes.update(status="erased", turns=0, usage=Usage(), message_count=0, base_seq=0)
+            changes.update(
+                status="erased",
+                turns=0,
+                usage=Usage(),
+                message_count=0,
+                base_seq=0,
+                waiting=None,
+                inbox=(),
+            )
             mutations.append(EraseSession())
         case _:
-            pass  # signals and future informational events change no projection
+            pass  # heartbeats and future informational events change no projection
     return _evolve(session, changes), mutations
 
 

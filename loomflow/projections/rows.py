@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import orjson
 
 from loomflow.errors import CorruptRecordError
-from loomflow.projections.fold import CheckpointRow, SessionRow
+from loomflow.projections.fold import CheckpointRow, PendingSignal, SessionRow, Waiting
 from loomflow.schemas import Event, Usage
 from loomflow.schemas.codec import decode_event
 
@@ -24,6 +24,7 @@ __all__ = [
     "EVENT_FIELDS",
     "SESSION_FIELDS",
     "checkpoint_from_row",
+    "control_json",
     "decoded_events",
     "event_from_row",
     "session_from_row",
@@ -49,6 +50,7 @@ SESSION_FIELDS = (
     "last_run_id",
     "created_at",
     "updated_at",
+    "control",
 )
 CHECKPOINT_FIELDS = (
     "checkpoint_id",
@@ -65,6 +67,63 @@ EVENT_FIELDS = ("user_id", "session_id", "seq", "type", "event_id", "run_id", "e
 
 def _moment(value: datetime | str) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
+
+
+def control_json(row: SessionRow) -> str | None:
+    """The ``control`` column: what a worker needs of the session (its agent, lease,
+    what it waits for, its inbox of signals) as JSON; None when the session has none of
+    it (sessions written before it was kept)."""
+    if (
+        row.agent is None
+        and row.lease_seconds is None
+        and row.waiting is None
+        and not row.inbox
+        and row.last_error is None
+    ):
+        return None
+    control: dict[str, Any] = {"agent": row.agent, "lease": row.lease_seconds}
+    if row.attempts:
+        control["attempts"] = row.attempts
+    if row.last_error is not None:
+        control["error"] = row.last_error
+    if row.waiting is not None:
+        w = row.waiting
+        control["waiting"] = {
+            "signal": w.signal,
+            "step_key": w.step_key,
+            "until": None if w.until is None else w.until.isoformat(),
+            "where": w.where,
+        }
+    if row.inbox:
+        control["inbox"] = [
+            {"seq": p.seq, "name": p.name, "data": p.data, "at": p.at.isoformat()}
+            for p in row.inbox
+        ]
+    return orjson.dumps(control).decode()
+
+
+def _control(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    control = orjson.loads(text)
+    fields: dict[str, Any] = {
+        "agent": control.get("agent"),
+        "lease_seconds": control.get("lease"),
+        "attempts": control.get("attempts", 0),
+        "last_error": control.get("error"),
+    }
+    if (w := control.get("waiting")) is not None:
+        fields["waiting"] = Waiting(
+            w["signal"],
+            w["step_key"],
+            None if w["until"] is None else _moment(w["until"]),
+            w["where"],
+        )
+    fields["inbox"] = tuple(
+        PendingSignal(p["seq"], p["name"], p["data"], _moment(p["at"]))
+        for p in control.get("inbox", ())
+    )
+    return fields
 
 
 def session_from_row(row: Sequence[Any]) -> SessionRow:
@@ -85,8 +144,9 @@ def session_from_row(row: Sequence[Any]) -> SessionRow:
             last_run_id=row[11],
             created_at=_moment(row[12]),
             updated_at=_moment(row[13]),
+            **_control(row[14]),
         )
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(f"session row {row[1]!r} does not decode: {exc}") from exc
 
 

@@ -37,6 +37,7 @@ from loomflow.projections.rows import (
     CHECKPOINT_FIELDS,
     SESSION_FIELDS,
     checkpoint_from_row,
+    control_json,
     decoded_events,
     event_from_row,
     session_from_row,
@@ -58,7 +59,7 @@ __all__ = [
 
 logger = logging.getLogger("loomflow.projections.sqlite")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _MIGRATIONS: dict[int, str] = {
     1: """
@@ -155,6 +156,13 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX loomflow_sessions_user_updated ON loomflow_sessions (user_id, updated_at);
     CREATE INDEX loomflow_sessions_parent ON loomflow_sessions (user_id, parent_session_id)
         WHERE parent_session_id IS NOT NULL;
+    """,
+    # what a worker needs of a session (projections/rows.py: control_json), and the runs
+    # in flight it looks for
+    3: """
+    ALTER TABLE loomflow_sessions ADD COLUMN control TEXT;
+    CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status)
+        WHERE status IN ('running', 'waiting');
     """,
 }
 
@@ -254,11 +262,15 @@ def list_sessions(
     any_user: bool,
     parent_session_id: str | None,
     limit: int,
+    status: str | None = None,
 ) -> list[SessionRow]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it."""
+    sessions forked from it; with ``status``, only the sessions in it."""
     where, params = ["status <> 'erased'"], []
+    if status is not None:
+        where.append("status = ?")
+        params.append(status)
     if not any_user:
         where.append("user_id = ?")
         params.append(_uid(user_id))
@@ -273,11 +285,22 @@ def list_sessions(
     return [session_from_row(row) for row in rows]
 
 
+def sessions_in_flight(conn: sqlite3.Connection, limit: int) -> list[SessionRow]:
+    """Up to ``limit`` sessions of every user whose run is running or waiting, the
+    longest silent first: where a worker looks for runs to resume."""
+    rows = conn.execute(
+        f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions "
+        "WHERE status IN ('running', 'waiting') ORDER BY updated_at LIMIT ?",
+        (limit,),
+    ).fetchall()
+    return [session_from_row(row) for row in rows]
+
+
 def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
     conn.execute(
         "INSERT OR REPLACE INTO loomflow_sessions (user_id, session_id, status, last_seq, epoch, "
         "turns, usage, message_count, base_seq, parent_session_id, parent_checkpoint_id, "
-        "last_run_id, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        "last_run_id, created_at, updated_at, control) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             _uid(row.user_id),
             row.session_id,
@@ -293,6 +316,7 @@ def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
             row.last_run_id,
             ts(row.created_at),
             ts(row.updated_at),
+            control_json(row),
         ),
     )
 

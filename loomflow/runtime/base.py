@@ -9,7 +9,11 @@ from loomflow.errors import (
     CheckpointNotFoundError,
     CorruptRecordError,
     InvalidIdError,
+    RunTakenError,
     SequenceConflictError,
+    SerializationError,
+    SessionBusyError,
+    SessionNotFoundError,
 )
 from loomflow.lifecycle import Resource
 from loomflow.projections.fold import SessionRow
@@ -24,15 +28,30 @@ from loomflow.schemas import (
     Message,
     RunStarted,
     SessionForked,
+    SignalSent,
     Usage,
     new_id,
 )
+from loomflow.schemas.clock import utcnow
+from loomflow.schemas.codec import dumps
 from loomflow.schemas.events import (
+    DEFAULT_LEASE_SECONDS,
+    MAX_SIGNAL_BYTES,
     RunStartedPayload,
     SessionForkedPayload,
+    SignalSentPayload,
 )
 
-__all__ = ["RestoredState", "Runtime"]
+__all__ = ["RestoredState", "Runtime", "abandoned"]
+
+
+def abandoned(row: SessionRow, default_lease: float = DEFAULT_LEASE_SECONDS) -> bool:
+    """Whether the session's run is running and its writer has been silent past its
+    lease (the one its run.started recorded, else ``default_lease``)."""
+    if row.status != "running":
+        return False
+    lease = row.lease_seconds or default_lease
+    return (utcnow() - row.updated_at).total_seconds() > lease
 
 
 @dataclass(frozen=True)
@@ -58,14 +77,27 @@ class Runtime(Resource):
         *,
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         if serializer not in ("json", "pickle"):
             raise ValueError(f"serializer must be 'json' or 'pickle', not {serializer!r}")
         if not isinstance(max_checkpoints_per_session, int):
             raise TypeError("max_checkpoints_per_session must be an int (< 1 keeps all)")
+        if (
+            isinstance(lease_seconds, bool)
+            or not isinstance(lease_seconds, int | float)
+            or not 0.5 <= lease_seconds <= 86_400
+        ):
+            raise ValueError(
+                f"lease_seconds must be a number from 0.5 to 86400, not {lease_seconds!r}"
+            )
         self._store = store
         self.max_checkpoints_per_session = max_checkpoints_per_session
         self.serializer: Serializer = serializer
+        #: how long a run's writer may stay silent before the run counts as abandoned and
+        #: a worker may resume it; recorded in each run.started, so a worker follows the
+        #: lease of the run it looks at. The writer sends a heartbeat after a third of it.
+        self.lease_seconds = float(lease_seconds)
 
     @property
     def store(self) -> EventStore:
@@ -100,21 +132,35 @@ class Runtime(Resource):
         fork: SessionForkedPayload | None = None,
         model: str | None = None,
         agent: str | None = None,
+        claim_after: int | None = None,
+        worker: str | None = None,
     ) -> SessionWriter:
         """Claim the session for one writer (a new epoch) and record that a run started
         (with the name of the ``model`` it calls and of the ``agent`` it belongs to, when
-        given: analytics count runs per model, and a resume needs the agent)."""
+        given: analytics count runs per model, and a resume needs the agent).
+
+        ``claim_after`` makes the claim conditional: it is written only right after that
+        seq, so of several processes taking over the same run (workers) exactly one
+        wins; the others get RunTakenError and write nothing.
+        """
         started = RunStartedPayload(
             mode=mode,
             from_checkpoint=from_checkpoint,
             metadata=metadata or {},
             model=model,
             agent=agent,
+            lease_seconds=self.lease_seconds,
+            worker=worker,
         )
         for _ in range(8):
             row = await self._store.session(scope)
             if fork is not None and row is not None:
                 raise InvalidIdError(f"fork target {scope.describe()} already exists")
+            if claim_after is not None and (row is None or row.last_seq != claim_after):
+                raise RunTakenError(
+                    f"{scope.describe()} moved on past seq {claim_after}: another process "
+                    "took the run first"
+                )
             writer = SessionWriter(
                 self,
                 scope,
@@ -131,6 +177,11 @@ class Runtime(Resource):
                 # the one synchronous point of a run: the claim is applied before it goes on
                 await self._store.confirm(scope)
             except SequenceConflictError:
+                if claim_after is not None:
+                    raise RunTakenError(
+                        f"{scope.describe()}: another process claimed the session at seq "
+                        f"{claim_after + 1} first"
+                    ) from None
                 continue  # another writer opened the session between our read and write
             writer.next_seq += len(events)
             writer.opened = events
@@ -138,6 +189,60 @@ class Runtime(Resource):
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"
         )
+
+    async def signal(self, scope: Scope, name: str, data: Any = None) -> int:
+        """Send the signal ``name`` with ``data`` (JSON) to the session's run; return the
+        seq of its ``signal.sent`` event.
+
+        The signal stays in the session's inbox until a ``wait_for_signal(name)`` of the
+        session's run receives it: a run that waits for it is resumed by a worker (or by
+        ``agent.resume``); a run that waits for it later receives it then. Sending claims
+        the session (a new epoch), which fences a writer that went silent past its lease.
+
+        Raises SessionNotFoundError for an unknown or erased session (of this user),
+        SessionBusyError while a live run holds the session (retriable: send it again
+        once the run waits or ends), SerializationError for data that is not JSON or is
+        larger than MAX_SIGNAL_BYTES.
+        """
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise ValueError(
+                f"a signal name must be a non-empty string of <= 200 characters, not {name!r}"
+            )
+        size = len(dumps(data))  # raises SerializationError for what JSON cannot hold
+        if size > MAX_SIGNAL_BYTES:
+            raise SerializationError(
+                f"signal {name!r} carries {size} bytes of JSON; the limit is {MAX_SIGNAL_BYTES}: "
+                "send a reference (an id, a URL) instead of the data"
+            )
+        payload = SignalSentPayload(name=name, data=data)
+        for _ in range(8):
+            row = await self._store.session(scope)
+            if row is None or row.status == "erased":
+                raise SessionNotFoundError(
+                    f"no session {scope.describe()} to signal; list them with "
+                    "`loomflow sessions ls`"
+                )
+            if row.status == "running" and not abandoned(row, self.lease_seconds):
+                raise SessionBusyError(
+                    f"run {row.last_run_id} of {scope.describe()} is running; a signal is "
+                    "delivered to a run that waits for it or to an idle session: send it "
+                    "again once the run waits or ends"
+                )
+            event = SignalSent(
+                user_id=scope.user_id,
+                session_id=scope.session_id,
+                run_id=row.last_run_id or new_id("run"),
+                seq=row.last_seq + 1,
+                epoch=row.epoch + 1,
+                payload=payload,
+            )
+            try:
+                await self._store.append([event])
+                await self._store.confirm(scope)
+            except SequenceConflictError:
+                continue  # the session moved on between our read and write: look again
+            return event.seq
+        raise SessionBusyError(f"{scope.describe()} keeps changing; send the signal again")
 
     async def fork_origin(self, parent: Scope, checkpoint_id: str) -> SessionForkedPayload:
         """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage and the

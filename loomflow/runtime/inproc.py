@@ -22,6 +22,7 @@ from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult, Scope
 from loomflow.runtime.store import EventStore
 from loomflow.schemas import Event, Message, StepRecorded
+from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
 __all__ = ["InProcRuntime", "InProcStore"]
 
@@ -69,6 +70,10 @@ class InProcStore(EventStore):
     async def session(self, scope: Scope) -> SessionRow | None:
         entry = self._entry(scope)
         return entry.row if entry else None
+
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+        rows = [e.row for e in self._sessions.values() if e.row.status in ("running", "waiting")]
+        return sorted(rows, key=lambda r: r.updated_at)[:limit]
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         entry = self._entry(scope)
@@ -145,10 +150,15 @@ class InProcRuntime(Runtime):
     """The same events and projection as the durable runtimes, kept in memory."""
 
     def __init__(
-        self, max_checkpoints_per_session: int = 20, *, serializer: Serializer = "json"
+        self,
+        max_checkpoints_per_session: int = 20,
+        *,
+        serializer: Serializer = "json",
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         super().__init__(
             InProcStore(),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
+            lease_seconds=lease_seconds,
         )

@@ -45,6 +45,21 @@ class Journal:
     def __init__(self, writer: SessionWriter, prefix: str = "") -> None:
         self._writer = writer
         self._prefix = prefix
+        self._keys: dict[str, int] = {}
+
+    @property
+    def writer(self) -> SessionWriter:
+        return self._writer
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    def next_key(self, base: str) -> str:
+        """``base`` under this journal's prefix, numbered by how often it was asked for:
+        the same code replayed asks in the same order, so it gets the same keys."""
+        count = self._keys[base] = self._keys.get(base, 0) + 1
+        return f"{self._prefix}{base}#{count}"
 
     def scoped(self, prefix: str) -> Journal:
         return Journal(self._writer, self._prefix + prefix)

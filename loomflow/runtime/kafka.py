@@ -63,10 +63,11 @@ from loomflow.schemas import (
     Message,
     RunStarted,
     SessionForked,
+    SignalSent,
     StepRecorded,
 )
 from loomflow.schemas.codec import decode_event
-from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.schemas.events import DEFAULT_LEASE_SECONDS, MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
 __all__ = ["KafkaRuntime", "KafkaStore"]
@@ -338,7 +339,7 @@ class KafkaStore(EventStore):
             self._check(event)
         for event in events:
             watch = self._watch((event.user_id, event.session_id))
-            if isinstance(event, RunStarted | SessionForked):
+            if isinstance(event, RunStarted | SessionForked | SignalSent):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
@@ -380,7 +381,9 @@ class KafkaStore(EventStore):
         watch = self._watches.get((event.user_id, event.session_id))
         if watch is None:
             return
-        if watch.refusal is not None and not isinstance(event, RunStarted | SessionForked):
+        if watch.refusal is not None and not isinstance(
+            event, RunStarted | SessionForked | SignalSent
+        ):
             raise _refusal(*watch.refusal)
         scope = Scope(event.session_id, event.user_id)
         if watch.erased:
@@ -626,6 +629,12 @@ class KafkaStore(EventStore):
             del watch.steps[step_key]
         return await self._reads.step(scope, step_key)
 
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+        """The read model's runs in flight (it may lag the log: ``session`` has the
+        session as the log holds it)."""
+        await self.start()
+        return await self._reads.sessions_in_flight(limit)
+
     async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
         await self.start()
         await self._synced(scope)
@@ -680,6 +689,7 @@ class KafkaRuntime(Runtime):
         *,
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         settings: Settings | None = None,
         schema: str | None = None,
         topic_prefix: str | None = None,
@@ -699,6 +709,7 @@ class KafkaRuntime(Runtime):
             KafkaStore(resolved),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
+            lease_seconds=lease_seconds,
         )
 
     @property

@@ -19,6 +19,7 @@ from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
 from loomflow.schemas import Event
+from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 from loomflow.settings import Settings
 
 __all__ = ["PostgresRuntime", "PostgresStore"]
@@ -279,6 +280,7 @@ class PostgresRuntime(Runtime):
         max_checkpoints_per_session: int = 20,
         schema: str | None = None,
         serializer: Serializer = "json",
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
         min_size: int = 1,
         max_size: int = 10,
         settings: Settings | None = None,
@@ -289,6 +291,7 @@ class PostgresRuntime(Runtime):
             self._pg_store,
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
+            lease_seconds=lease_seconds,
         )
 
     @property

@@ -18,6 +18,7 @@ from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
 from loomflow.schemas import Event
+from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
 
@@ -99,11 +100,13 @@ class SqliteRuntime(Runtime):
         *,
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         super().__init__(
             SqliteStore(path),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
+            lease_seconds=lease_seconds,
         )
 
 

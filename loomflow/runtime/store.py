@@ -79,6 +79,11 @@ class EventStore(Resource, ABC):
     async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
         """The session's events after ``after_seq``, in order."""
 
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+        """Up to ``limit`` sessions of every user whose run is running or waiting, the
+        longest silent first: where a worker looks for runs to resume."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list the runs in flight")
+
     async def prune(
         self,
         *,
@@ -203,13 +208,19 @@ class DatabaseStore(EventStore):
         return row
 
     async def list_sessions(
-        self, *, user_id: Any, parent_session_id: str | None = None, limit: int = 100
+        self,
+        *,
+        user_id: Any,
+        parent_session_id: str | None = None,
+        limit: int = 100,
+        status: str | None = None,
     ) -> list[SessionRow]:
         """Up to ``limit`` sessions, the most recently active first; metadata only.
 
         ``user_id`` has no default: a user's id, None for the sessions run without a
         user, or ``ANY_USER`` for every user's. With ``parent_session_id``, only the
-        sessions forked from that session. Erased sessions are not listed.
+        sessions forked from that session; with ``status`` (running, waiting, finished,
+        failed, stuck), only the sessions in it. Erased sessions are not listed.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, not {limit!r}")
@@ -224,7 +235,12 @@ class DatabaseStore(EventStore):
             any_user,
             parent_session_id,
             limit,
+            status,
         )
+        return rows
+
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+        rows: list[SessionRow] = await self._query(self.queries.sessions_in_flight, limit)
         return rows
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:

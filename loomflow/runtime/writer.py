@@ -15,6 +15,7 @@ from loomflow.runtime.scope import Scope
 from loomflow.schemas import (
     Event,
     EventBase,
+    RunHeartbeat,
 )
 
 if TYPE_CHECKING:
@@ -64,16 +65,40 @@ class SessionWriter:
         self.opened: list[Event] = []
         #: told of each batch once the store took it (a run's ``emit``)
         self.observer: Callable[[list[Event]], Awaitable[None]] | None = None
+        # a run's loop and its heartbeat write through the same writer, one at a time
+        self._lock = asyncio.Lock()
+        self._last_write = asyncio.get_running_loop().time()
+
+    async def keep_alive(self, interval: float) -> None:
+        """Append a heartbeat whenever the run has been silent for ``interval`` seconds
+        (a long model call, a slow tool), so that no worker takes it for abandoned; runs
+        until cancelled, or until the session is no longer this writer's."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = self._last_write + interval - loop.time()
+            if due > 0:
+                await asyncio.sleep(due)  # a timer: the next heartbeat is due then
+                continue
+            try:
+                await self.emit(RunHeartbeat, None)
+            except InvalidEventError as exc:
+                logger.warning("%s: heartbeats stop: %s", self.scope.describe(), exc)
+                return
+            except Exception as exc:  # the store is away: the run's own writes say so
+                logger.warning("%s: a heartbeat failed: %s", self.scope.describe(), exc)
+                self._last_write = loop.time()
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
-        """Build the event that the next append (plus ``offset``) will write."""
+        """Build the event that the next append (plus ``offset``) will write (None as the
+        payload: the type's default)."""
+        fields: dict[str, Any] = {} if payload is None else {"payload": payload}
         return cls(
             user_id=self.scope.user_id,
             session_id=self.scope.session_id,
             run_id=self.run_id,
             seq=self.next_seq + offset,
             epoch=self.epoch,
-            payload=payload,
+            **fields,
         )
 
     def stage(self, cls: type[E], payload: Any) -> E:
@@ -99,6 +124,10 @@ class SessionWriter:
         return await self._write(cls, payload, durable=False)
 
     async def _write(self, cls: type[E], payload: Any, *, durable: bool) -> E:
+        async with self._lock:
+            return await self._write_alone(cls, payload, durable=durable)
+
+    async def _write_alone(self, cls: type[E], payload: Any, *, durable: bool) -> E:
         if self._in_doubt:
             await self._resolve_doubt()
         staged, self._staged = self._staged, []
@@ -159,6 +188,7 @@ class SessionWriter:
             delay = min(delay * 2, 2.0)
 
     async def _append(self, batch: list[Event], *, durable: bool = True) -> None:
+        self._last_write = asyncio.get_running_loop().time()
         self.next_seq = batch[-1].seq + 1
         store = self.runtime.store
         try:
@@ -192,6 +222,10 @@ class SessionWriter:
 
     async def confirm(self) -> None:
         """Wait until the read model holds this run's events; raise any refusal of them."""
+        async with self._lock:
+            await self._confirm_alone()
+
+    async def _confirm_alone(self) -> None:
         if self._staged:
             staged, self._staged = self._staged, []
             await self._append(staged)

@@ -13,7 +13,7 @@ from loomflow.schemas.messages import Message, Usage
 
 __all__ = ["Checkpoint", "CheckpointMeta", "RunResult", "StopReason"]
 
-StopReason = Literal["completed", "max_turns", "stop_hook_limit"]
+StopReason = Literal["completed", "max_turns", "stop_hook_limit", "waiting"]
 
 
 class Checkpoint(BaseModel):
@@ -63,3 +63,5 @@ class RunResult(BaseModel):
     parent_checkpoint_id: str | None = None
     #: the final answer validated by the run's ``output_schema`` (None without one)
     parsed: Any = None
+    #: the signal the run stopped to wait for (``stop_reason="waiting"``), else None
+    waiting_for: str | None = None

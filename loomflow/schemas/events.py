@@ -19,15 +19,20 @@ from loomflow.schemas.ids import Id, new_id
 from loomflow.schemas.messages import Message, Usage
 
 __all__ = [
+    "CLAIM_TYPES",
+    "DEFAULT_LEASE_SECONDS",
     "EVENT_SCHEMA_VERSION",
     "MAX_EVENT_BYTES",
+    "MAX_SIGNAL_BYTES",
     "CheckpointWritten",
     "CheckpointsPruned",
     "Event",
     "EventBase",
     "RunFailed",
     "RunFinished",
+    "RunHeartbeat",
     "RunStarted",
+    "RunWaiting",
     "SessionErased",
     "SessionForked",
     "SignalSent",
@@ -39,6 +44,11 @@ __all__ = [
 
 EVENT_SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 8 * 1024 * 1024
+#: how long a run's writer may stay silent before its run counts as abandoned (a worker
+#: may then resume it); the writer sends a heartbeat after a third of it without an event
+DEFAULT_LEASE_SECONDS = 30.0
+#: the largest signal payload, as JSON
+MAX_SIGNAL_BYTES = 64 * 1024
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
@@ -81,6 +91,10 @@ class RunStartedPayload(BaseModel):
     #: the name of the agent whose run it is, so that a process hosting that agent can
     #: resume the run (None in events from before it was kept)
     agent: str | None = _optional()
+    #: seconds the run's writer may stay silent before the run counts as abandoned
+    lease_seconds: float | None = _optional(gt=0, allow_inf_nan=False)
+    #: the worker that took the run over (``loomflow worker``), None for a caller's run
+    worker: str | None = _optional()
 
 
 class RunFinishedPayload(BaseModel):
@@ -97,6 +111,9 @@ class RunFailedPayload(BaseModel):
     error_type: str
     error: str
     model: str | None = _optional()
+    #: a worker gave up on the run after its bounded retries: it waits for a person
+    #: (``loomflow sessions ls --stuck``)
+    parked: bool | None = _optional()
 
 
 class TurnAppendedPayload(BaseModel):
@@ -140,6 +157,9 @@ class StepRecordedPayload(BaseModel):
     input_hash: str
     value: Any = None
     serializer: Literal["json", "pickle"] = "json"
+    #: the seq of the ``signal.sent`` this step received (``wait_for_signal``): the
+    #: signal leaves the session's inbox with it
+    signal_seq: int | None = _optional(ge=1)
 
 
 class CheckpointWrittenPayload(BaseModel):
@@ -176,9 +196,31 @@ class SessionErasedPayload(BaseModel):
 
 
 class SignalSentPayload(BaseModel):
+    """A named message for the session's run: kept in the session's inbox until a
+    ``wait_for_signal`` of that name receives it."""
+
     model_config = _FROZEN
-    name: str
+    name: str = Field(min_length=1, max_length=200)
     data: Any = None
+
+
+class RunHeartbeatPayload(BaseModel):
+    """Nothing: the event itself says that the run's writer is alive."""
+
+    model_config = _FROZEN
+
+
+class RunWaitingPayload(BaseModel):
+    """The run stopped to wait for a signal; a worker resumes it once the signal is in
+    the session's inbox, or once ``until`` has passed."""
+
+    model_config = _FROZEN
+    signal: str = Field(min_length=1, max_length=200)
+    #: the journal key under which the waiting step records what it receives
+    step_key: str
+    until: datetime | None = None
+    #: where the run waits: in a tool call, or in a stop hook after a pass
+    where: Literal["tool", "stop_hook"] = "tool"
 
 
 # --- events ---------------------------------------------------------------------------
@@ -239,6 +281,16 @@ class SignalSent(EventBase):
     payload: SignalSentPayload
 
 
+class RunHeartbeat(EventBase):
+    type: Literal["run.heartbeat"] = "run.heartbeat"
+    payload: RunHeartbeatPayload = Field(default_factory=RunHeartbeatPayload)
+
+
+class RunWaiting(EventBase):
+    type: Literal["run.waiting"] = "run.waiting"
+    payload: RunWaitingPayload
+
+
 Event = Annotated[
     RunStarted
     | RunFinished
@@ -250,9 +302,17 @@ Event = Annotated[
     | SessionForked
     | CheckpointsPruned
     | SessionErased
-    | SignalSent,
+    | SignalSent
+    | RunHeartbeat
+    | RunWaiting,
     Field(discriminator="type"),
 ]
+
+
+#: events that claim the session for a new writer (a new epoch): a run's start, a fork's
+#: origin, an erasure, and a signal (which takes the session from a run that waits or
+#: whose writer went silent)
+CLAIM_TYPES = (RunStarted, SessionForked, SessionErased, SignalSent)
 
 
 @functools.cache

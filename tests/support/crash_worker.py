@@ -1,6 +1,6 @@
 """A research agent in its own process, for tests that SIGKILL it or run many at once.
 
-``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--kafka]``:
+``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--lease S] [--kafka]``:
 runs the research agent on ``SqliteRuntime(DB)``, or on ``KafkaRuntime()`` configured by
 the LOOMFLOW_* variables alone, as a user's process would be. Every model and tool
 call is appended to LOG as a line (``model <assistant messages in request>`` or
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loomflow import Message, Role
+from loomflow import Agent, Message, Role
 from loomflow.runtime import KafkaRuntime, Runtime, SqliteRuntime
 from tests.support.scenario import Research
 
@@ -28,21 +28,11 @@ def _log(path: Path, line: str) -> None:
         fh.flush()
 
 
-async def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("db")
-    parser.add_argument("session")
-    parser.add_argument("log", type=Path)
-    parser.add_argument("--hang-at", type=int)
-    parser.add_argument("--passes", type=int, default=3)
-    parser.add_argument("--kafka", action="store_true", help="KafkaRuntime() from LOOMFLOW_*")
-    args = parser.parse_args(argv)
-
-    research = Research(passes=args.passes)
-    if args.kafka:
-        runtime: Runtime = KafkaRuntime()
-    else:
-        runtime = SqliteRuntime(args.db)
+def logged_agent(
+    research: Research, runtime: Runtime, log: Path, hang_at: int | None = None
+) -> Agent:
+    """The research agent on ``runtime``, appending each model and tool call to ``log``
+    before it runs; the ``hang_at``-th model call prints HANGING and never returns."""
     agent = research.agent(runtime)
     calls = 0
     inner = research.models[-1].inner
@@ -51,8 +41,8 @@ async def main(argv: Sequence[str]) -> int:
         nonlocal calls
         calls += 1
         turn = sum(1 for m in messages if m.role is Role.ASSISTANT)
-        _log(args.log, f"model {turn}")
-        if calls == args.hang_at:
+        _log(log, f"model {turn}")
+        if calls == hang_at:
             print("HANGING", flush=True)
             await asyncio.Event().wait()
 
@@ -64,10 +54,29 @@ async def main(argv: Sequence[str]) -> int:
         def logged(
             _original: Callable[..., Any] = original, _name: str = name, **kwargs: Any
         ) -> Any:
-            _log(args.log, f"tool {_name}:{next(iter(kwargs.values()))}")
+            _log(log, f"tool {_name}:{next(iter(kwargs.values()))}")
             return _original(**kwargs)
 
         agent.tools[name] = type(tool)(tool.name, tool.description, logged, tool.arguments)
+    return agent
+
+
+async def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("db")
+    parser.add_argument("session")
+    parser.add_argument("log", type=Path)
+    parser.add_argument("--hang-at", type=int)
+    parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--lease", type=float, default=30.0, help="the runtime's lease_seconds")
+    parser.add_argument("--kafka", action="store_true", help="KafkaRuntime() from LOOMFLOW_*")
+    args = parser.parse_args(argv)
+
+    if args.kafka:
+        runtime: Runtime = KafkaRuntime(lease_seconds=args.lease)
+    else:
+        runtime = SqliteRuntime(args.db, lease_seconds=args.lease)
+    agent = logged_agent(Research(passes=args.passes), runtime, args.log, args.hang_at)
     result = await agent.run("Research.", session_id=args.session)
     print(result.model_dump_json(), flush=True)
     return 0

@@ -39,6 +39,7 @@ from loomflow.projections.postgres.reads import (
     match_sessions,
     read_events,
     read_transcript,
+    sessions_in_flight,
 )
 from loomflow.projections.postgres.schema import (
     SCHEMA_VERSION,
@@ -93,5 +94,6 @@ __all__ = [
     "schema_version",
     "schemas_with_processors",
     "sessions_channel",
+    "sessions_in_flight",
     "store_error",
 ]

@@ -44,6 +44,7 @@ __all__ = [
     "match_sessions",
     "read_events",
     "read_transcript",
+    "sessions_in_flight",
     "transcript_payloads",
 ]
 
@@ -71,12 +72,16 @@ async def list_sessions(
     any_user: bool,
     parent_session_id: str | None,
     limit: int,
+    status: str | None = None,
 ) -> list[SessionRow]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it."""
+    sessions forked from it; with ``status``, only the sessions in it."""
     args: list[Any] = []
     where = ["status <> 'erased'"]
+    if status is not None:
+        args.append(status)
+        where.append(f"status = ${len(args)}")
     if not any_user:
         args.append(uid(user_id))
         where.append(f"user_id = ${len(args)}")
@@ -88,6 +93,17 @@ async def list_sessions(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)} "
         f"ORDER BY updated_at DESC, user_id, session_id LIMIT ${len(args)}",
         *args,
+    )
+    return [session_from_row(row) for row in rows]
+
+
+async def sessions_in_flight(conn: asyncpg.Connection, schema: str, limit: int) -> list[SessionRow]:
+    """Up to ``limit`` sessions of every user whose run is running or waiting, the
+    longest silent first: where a worker looks for runs to resume."""
+    rows = await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
+        "WHERE status IN ('running', 'waiting') ORDER BY updated_at LIMIT $1",
+        limit,
     )
     return [session_from_row(row) for row in rows]
 

@@ -39,7 +39,7 @@ logger = logging.getLogger("loomflow.projections.postgres")
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
@@ -146,6 +146,13 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX sessions_user_updated ON {s}.sessions (user_id, updated_at);
     CREATE INDEX sessions_parent ON {s}.sessions (user_id, parent_session_id)
         WHERE parent_session_id IS NOT NULL;
+    """,
+    # what a worker needs of a session (projections/rows.py: control_json), and the runs
+    # in flight it looks for
+    4: """
+    ALTER TABLE {s}.sessions ADD COLUMN control jsonb;
+    CREATE INDEX sessions_in_flight ON {s}.sessions (status, updated_at)
+        WHERE status IN ('running', 'waiting');
     """,
 }
 

@@ -1,0 +1,171 @@
+"""``loomflow worker`` and ``loomflow signal``: runs that finish without a person."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import sys
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from loomflow.cli._log import add_db_option, quiet_kafka, settings_unless_db, user_of
+
+if TYPE_CHECKING:
+    from loomflow.agent import Agent
+
+NAMES = ("worker", "signal")
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    worker = commands.add_parser(
+        "worker",
+        help="host agents and resume their crashed or signalled runs",
+        description="Import module:factory (as uvicorn does; the current directory is on "
+        "the path), call it for the Agents to host, and resume each of their runs whose "
+        "process went silent past its lease or that waits for a signal that has come. "
+        "Several workers share the runs: each is resumed by one of them. Ctrl-C stops "
+        "after the runs in progress end.",
+    )
+    worker.add_argument("factory", metavar="module:factory", help="e.g. myapp.agents:build")
+    worker.add_argument(
+        "--poll", type=float, default=1.0, metavar="S", help="seconds between looks (default 1)"
+    )
+    worker.add_argument(
+        "--attempts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="takes of a run in a row before it is parked as stuck (default 3)",
+    )
+    worker.add_argument(
+        "--backoff",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds before retrying a failed run, doubling each time (default 1)",
+    )
+    worker.add_argument("--name", help="this worker's name in the log (default host:pid)")
+    worker.set_defaults(handler=_worker)
+
+    send = commands.add_parser(
+        "signal",
+        help="send a signal (JSON payload) to a session's run",
+        description="Send the signal NAME to SESSION: a run that waits for it with "
+        "wait_for_signal(NAME) is resumed by a worker and receives the payload. The signal "
+        "is kept until the run waits for it.",
+    )
+    send.add_argument("session", metavar="SESSION")
+    send.add_argument("name", metavar="NAME")
+    send.add_argument("--json", default="null", metavar="JSON", help="the payload (default null)")
+    send.add_argument("--user", metavar="U", help="the session's user")
+    add_db_option(send)
+    send.set_defaults(handler=_signal)
+
+
+def load_agents(target: str) -> list[Agent]:
+    """The Agents that ``module:factory`` names: the attribute itself, or what calling
+    it returns (one Agent or several). Raises ValueError saying what is wrong."""
+    from loomflow.agent import Agent
+
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"{target!r} is not module:factory (e.g. myapp.agents:build)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+    try:
+        found: Any = getattr(module, attribute)
+    except AttributeError:
+        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if callable(found) and not isinstance(found, Agent):
+        found = found()
+        if inspect.isawaitable(found):
+            raise ValueError(f"{target} is a coroutine function; make it a plain function")
+    agents = [found] if isinstance(found, Agent) else list(found or [])
+    wrong = [a for a in agents if not isinstance(a, Agent)]
+    if wrong or not agents:
+        raise ValueError(f"{target} must give an Agent or a list of Agents, got {found!r}")
+    return agents
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from loomflow.agent.worker import Worker
+
+    logging.basicConfig(format="%(asctime)s %(name)s %(message)s", level=logging.WARNING)
+    logging.getLogger("loomflow.worker").setLevel(logging.INFO)
+    quiet_kafka()
+    try:
+        agents = load_agents(args.factory)
+        worker = Worker(
+            agents,
+            name=args.name,
+            poll_seconds=args.poll,
+            max_attempts=args.attempts,
+            backoff_seconds=args.backoff,
+        )
+    except (ValueError, TypeError) as exc:
+        print(f"loomflow worker: {exc}", file=sys.stderr)
+        return 2
+    hosted = ", ".join(f"{a.name} ({type(a.runtime).__name__})" for a in agents)
+    print(f"worker {worker.name} hosts {hosted}; Ctrl-C stops", file=sys.stderr, flush=True)
+    asyncio.run(_serve(worker, agents))
+    return 0
+
+
+async def _serve(worker: Any, agents: list[Agent]) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await worker.run(stop)
+    finally:
+        runtimes = {id(a.runtime): a.runtime for a in agents}
+        for agent in agents:
+            await agent.aclose()
+        for runtime in runtimes.values():
+            await runtime.close()
+
+
+def _signal(args: argparse.Namespace) -> int:
+    import orjson
+
+    from loomflow.errors import LoomflowError
+
+    try:
+        data = orjson.loads(args.json)
+    except orjson.JSONDecodeError as exc:
+        print(f"loomflow signal: --json is not JSON: {exc}", file=sys.stderr)
+        return 2
+    usable, settings = settings_unless_db(args.db)
+    if not usable:
+        return 2
+    quiet_kafka()
+    try:
+        seq = asyncio.run(_send(args, settings, data))
+    except (LoomflowError, ValueError) as exc:
+        print(f"loomflow signal: {exc}", file=sys.stderr)
+        return 1
+    print(f"sent {args.name} to {args.session} (seq {seq})")
+    return 0
+
+
+async def _send(args: argparse.Namespace, settings: Any, data: Any) -> int:
+    from loomflow.runtime import Runtime, Scope, SqliteStore
+
+    runtime: Runtime
+    if args.db is not None:  # only a file that is a loomflow store: nothing else is created
+        runtime = Runtime(SqliteStore(args.db, create=False))
+    else:
+        from loomflow.runtime import KafkaRuntime
+
+        runtime = KafkaRuntime(settings=settings)
+    async with runtime:
+        return await runtime.signal(Scope.of(args.session, user_of(args.user)), args.name, data)

@@ -1,0 +1,291 @@
+"""The resume worker and durable signals on the embedded default (SqliteRuntime).
+
+The Kafka counterparts are in tests/runtime/test_kafka_worker.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomflow import (
+    Agent,
+    RunTakenError,
+    SerializationError,
+    SessionBusyError,
+    SessionNotFoundError,
+    Tuning,
+    wait_for_signal,
+)
+from loomflow.agent.worker import Worker
+from loomflow.models.scripted import ScriptedModel
+from loomflow.runtime import Scope, SqliteRuntime
+from loomflow.runtime.base import abandoned
+from loomflow.schemas import Message, ToolCall
+from tests.support.scenario import Research
+from tests.support.waiting import eventually, kill_once_hanging
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return dict(
+        os.environ,
+        PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        **extra,
+    )
+
+
+def _crash_worker(db: Path, session: str, log: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.crash_worker", str(db), session, str(log), *extra],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _loomflow(*args: str, **env: str) -> subprocess.Popen[str]:
+    """The ``loomflow`` command in its own process, from the repository's directory."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomflow.cli", *args],
+        env=_env(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+
+
+async def _status(db: Path, session: str) -> str | None:
+    runtime = SqliteRuntime(db)
+    try:
+        row = await runtime.store.session(Scope(session))
+    finally:
+        await runtime.close()
+    return None if row is None else row.status
+
+
+async def test_a_worker_finishes_a_sigkilled_run_without_repeating_recorded_calls(
+    tmp_path: Path,
+) -> None:
+    db, log = tmp_path / "journal.db", tmp_path / "calls.log"
+    # the 8th model call is pass 3's note call: it hangs, and the process is SIGKILLed
+    await kill_once_hanging(_crash_worker(db, "s1", log, "--hang-at", "8", "--lease", "1"))
+    assert await _status(db, "s1") == "running"  # its owner is dead, nobody knows yet
+
+    # `loomflow worker` as a user starts it: the factory names the agents it hosts
+    worker = _loomflow(
+        "worker", "tests.support.resume_worker:research", RESEARCH_DB=str(db), RESEARCH_LOG=str(log)
+    )
+    try:
+        await eventually(
+            lambda: _finished(db, "s1"), within=60, what="the worker to finish the run"
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = await asyncio.to_thread(worker.communicate, timeout=60)
+    assert worker.returncode == 0, err
+    assert "takes over" in err and "abandoned" in err
+
+    calls = Counter(log.read_text().splitlines())
+    # model calls 0-6 were recorded before the kill: each ran once; call 7 was in flight
+    # (never recorded), so the worker made it again, then the final answer (8)
+    assert [calls[f"model {turn}"] for turn in range(9)] == [1] * 7 + [2, 1]
+    tools = [line for line in calls if line.startswith("tool ")]
+    assert tools and all(calls[line] == 1 for line in tools)
+    runtime = SqliteRuntime(db)
+    state = await runtime.restore(Scope("s1"))
+    row = await runtime.store.session(Scope("s1"))
+    await runtime.close()
+    assert state is not None and state.turns == 9
+    assert row is not None and row.status == "finished" and row.attempts == 0
+
+
+async def _finished(db: Path, session: str) -> bool:
+    return await _status(db, session) == "finished"
+
+
+async def _abandoned_run(db: Path, session: str) -> int:
+    """A session whose process was SIGKILLed mid-run (lease 0.5 s), once the lease has
+    passed; returns its last seq."""
+    log = db.with_suffix(".calls")
+    victim = _crash_worker(db, session, log, "--passes", "2", "--hang-at", "3", "--lease", "0.5")
+    await kill_once_hanging(victim)
+    reader = SqliteRuntime(db)
+    row = await eventually(
+        lambda: _abandoned_row(reader, session), within=10, what="the lease to pass"
+    )
+    await reader.close()
+    return int(row.last_seq)
+
+
+async def _abandoned_row(runtime: SqliteRuntime, session: str) -> Any:
+    row = await runtime.store.session(Scope(session))
+    return row if row is not None and abandoned(row) else None
+
+
+async def test_two_workers_racing_for_one_abandoned_run_resume_it_once(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _abandoned_run(db, "s1")
+    researches = [Research(passes=2) for _ in range(2)]
+    runtimes = [SqliteRuntime(db) for _ in range(2)]
+    workers = [Worker([r.agent(rt)]) for r, rt in zip(researches, runtimes, strict=True)]
+    # both look at once, and both see the same abandoned run
+    tasks = [t for found in await asyncio.gather(*(w.scan() for w in workers)) for t in found]
+    await asyncio.gather(*tasks)
+    outcomes = sorted(o.outcome for w in workers for o in w.done)
+    for runtime in runtimes:
+        await runtime.close()
+    assert outcomes.count("finished") == 1, outcomes
+    assert set(outcomes) <= {"finished", "taken"}
+    model_calls = [len(r.models[-1].inner.calls) for r in researches]
+    assert sorted(model_calls)[0] == 0  # the loser called no model at all
+    assert await _status(db, "s1") == "finished"
+
+
+async def test_a_claim_after_a_seq_that_moved_on_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    last = await _abandoned_run(db, "s1")
+    agents = [Research(passes=2).agent(SqliteRuntime(db)) for _ in range(2)]
+    results = await asyncio.gather(
+        *(
+            a.take_over("s1", user_id=None, after_seq=last, worker=f"w{n}")
+            for n, a in enumerate(agents)
+        ),
+        return_exceptions=True,
+    )
+    for agent in agents:
+        await agent.runtime.close()
+    taken = [r for r in results if isinstance(r, RunTakenError)]
+    done = [r for r in results if not isinstance(r, BaseException)]
+    assert len(taken) == 1 and len(done) == 1, results
+
+
+async def test_a_worker_leaves_runs_of_agents_it_does_not_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "journal.db"
+    await _abandoned_run(db, "s1")
+    runtime = SqliteRuntime(db)
+    other = Research(passes=2).agent(runtime)
+    other.name = "someone-else"
+    worker = Worker([other])
+    with caplog.at_level("WARNING", logger="loomflow.worker"):
+        assert await worker.scan() == []
+    await runtime.close()
+    assert "does not host" in caplog.text and "'agent'" in caplog.text
+    assert await _status(db, "s1") == "running"
+
+
+# -- signals ----------------------------------------------------------------------------
+
+
+def _approval_agent(runtime: SqliteRuntime, seen: list[Any], *, greet: bool = False) -> Agent:
+    async def ask_approval(amount: int) -> str:
+        """Ask a person to approve a payment."""
+        answer = await wait_for_signal("approve", timeout=3600)
+        seen.append(answer)
+        return f"approved={answer['ok']} for {amount}"
+
+    model = ScriptedModel(
+        [
+            *(["Hello."] if greet else []),
+            Message.assistant(
+                "", tool_calls=[ToolCall(id="c1", name="ask_approval", arguments={"amount": 5})]
+            ),
+            Message.assistant("Paid."),
+        ]
+    )
+    return Agent(
+        "You pay invoices.",
+        model=model,
+        runtime=runtime,
+        tools=[ask_approval],
+        tuning=Tuning(checkpoint=True),
+    )
+
+
+async def test_a_waiting_run_exits_and_continues_with_the_signal_on_a_worker(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    seen: list[Any] = []
+    first = SqliteRuntime(db)
+    waiting = await _approval_agent(first, seen).run("Pay invoice 7.", session_id="pay")
+    await first.close()  # the process that ran it is gone
+    assert waiting.stop_reason == "waiting" and waiting.waiting_for == "approve"
+    assert await _status(db, "pay") == "waiting"
+
+    # the signal comes from another process: the CLI, as the README sends it
+    sender = _loomflow("signal", "pay", "approve", "--json", '{"ok": true}', "--db", str(db))
+    out, err = await asyncio.to_thread(sender.communicate, timeout=60)
+    assert sender.returncode == 0, err
+    assert out.startswith("sent approve to pay")
+
+    runtime = SqliteRuntime(db)
+    agent = _approval_agent(runtime, seen)
+    worker = Worker([agent])
+    tasks = await worker.scan()
+    await asyncio.gather(*tasks)
+    await runtime.close()
+    assert [o.reason for o in worker.done] == ["signalled"]
+    assert seen == [{"ok": True}]  # the tool got the payload where it waited
+    assert await _status(db, "pay") == "finished"
+    model = agent.model
+    assert isinstance(model, ScriptedModel)
+    # the resumed run made only the call after the tool's result: no nudge, no repeat
+    (request,) = model.calls
+    assert request[-1].role.value == "tool" and "approved=True for 5" in request[-1].content
+
+
+async def test_a_signal_sent_before_the_wait_is_kept_and_delivered(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    seen: list[Any] = []
+    agent = _approval_agent(runtime, seen, greet=True)
+    await agent.run("Hi.", session_id="pay")
+    await agent.signal("pay", "approve", {"ok": False})
+    result = await agent.run("Pay invoice 8.", session_id="pay")
+    await runtime.close()
+    assert result.stop_reason == "completed" and seen == [{"ok": False}]
+
+
+async def test_bad_signals_are_typed_errors_and_change_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    agent = _approval_agent(runtime, [])
+    waiting = await agent.run("Pay.", session_id="pay", user_id="alice")
+    assert waiting.stop_reason == "waiting"
+    before = await runtime.store.session(Scope("pay", "alice"))
+    with pytest.raises(SessionNotFoundError):
+        await agent.signal("pay", "approve", {"ok": True}, user_id="mallory")
+    with pytest.raises(SessionNotFoundError):
+        await agent.signal("nope", "approve", user_id="alice")
+    with pytest.raises(SerializationError, match="limit"):
+        await agent.signal("pay", "approve", "x" * 70_000, user_id="alice")
+    with pytest.raises(SerializationError):
+        await agent.signal("pay", "approve", {1, 2}, user_id="alice")
+    assert await runtime.store.session(Scope("pay", "alice")) == before
+    await runtime.close()
+
+
+async def test_a_live_run_is_not_signalled_and_a_timed_out_wait_raises_in_the_tool(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    holder = await runtime.open_session(Scope("busy"), run_id="run_live", agent="agent")
+    with pytest.raises(SessionBusyError):
+        await runtime.signal(Scope("busy"), "approve", None)
+    assert holder.next_seq == 2
+    await runtime.close()
