@@ -17,20 +17,17 @@ from typing import Any
 import pytest
 
 from loomflow import (
-    Agent,
     RunTakenError,
     SerializationError,
     SessionBusyError,
     SessionNotFoundError,
-    Tuning,
-    wait_for_signal,
 )
 from loomflow.agent.worker import Worker
 from loomflow.models.scripted import ScriptedModel
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.runtime.base import abandoned
-from loomflow.schemas import Message, ToolCall
 from tests.support.scenario import Research
+from tests.support.signals import approval_agent
 from tests.support.waiting import eventually, kill_once_hanging
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,38 +187,13 @@ async def test_a_worker_leaves_runs_of_agents_it_does_not_host(
 # -- signals ----------------------------------------------------------------------------
 
 
-def _approval_agent(runtime: SqliteRuntime, seen: list[Any], *, greet: bool = False) -> Agent:
-    async def ask_approval(amount: int) -> str:
-        """Ask a person to approve a payment."""
-        answer = await wait_for_signal("approve", timeout=3600)
-        seen.append(answer)
-        return f"approved={answer['ok']} for {amount}"
-
-    model = ScriptedModel(
-        [
-            *(["Hello."] if greet else []),
-            Message.assistant(
-                "", tool_calls=[ToolCall(id="c1", name="ask_approval", arguments={"amount": 5})]
-            ),
-            Message.assistant("Paid."),
-        ]
-    )
-    return Agent(
-        "You pay invoices.",
-        model=model,
-        runtime=runtime,
-        tools=[ask_approval],
-        tuning=Tuning(checkpoint=True),
-    )
-
-
 async def test_a_waiting_run_exits_and_continues_with_the_signal_on_a_worker(
     tmp_path: Path,
 ) -> None:
     db = tmp_path / "journal.db"
     seen: list[Any] = []
     first = SqliteRuntime(db)
-    waiting = await _approval_agent(first, seen).run("Pay invoice 7.", session_id="pay")
+    waiting = await approval_agent(first, seen).run("Pay invoice 7.", session_id="pay")
     await first.close()  # the process that ran it is gone
     assert waiting.stop_reason == "waiting" and waiting.waiting_for == "approve"
     assert await _status(db, "pay") == "waiting"
@@ -233,7 +205,7 @@ async def test_a_waiting_run_exits_and_continues_with_the_signal_on_a_worker(
     assert out.startswith("sent approve to pay")
 
     runtime = SqliteRuntime(db)
-    agent = _approval_agent(runtime, seen)
+    agent = approval_agent(runtime, seen)
     worker = Worker([agent])
     tasks = await worker.scan()
     await asyncio.gather(*tasks)
@@ -252,7 +224,7 @@ async def test_a_signal_sent_before_the_wait_is_kept_and_delivered(tmp_path: Pat
     db = tmp_path / "journal.db"
     runtime = SqliteRuntime(db)
     seen: list[Any] = []
-    agent = _approval_agent(runtime, seen, greet=True)
+    agent = approval_agent(runtime, seen, greet=True)
     await agent.run("Hi.", session_id="pay")
     await agent.signal("pay", "approve", {"ok": False})
     result = await agent.run("Pay invoice 8.", session_id="pay")
@@ -263,7 +235,7 @@ async def test_a_signal_sent_before_the_wait_is_kept_and_delivered(tmp_path: Pat
 async def test_bad_signals_are_typed_errors_and_change_nothing(tmp_path: Path) -> None:
     db = tmp_path / "journal.db"
     runtime = SqliteRuntime(db)
-    agent = _approval_agent(runtime, [])
+    agent = approval_agent(runtime, [])
     waiting = await agent.run("Pay.", session_id="pay", user_id="alice")
     assert waiting.stop_reason == "waiting"
     before = await runtime.store.session(Scope("pay", "alice"))
