@@ -28,6 +28,7 @@ from loomflow.errors import (
     LoomflowError,
     OutputValidationError,
     SerializationError,
+    SignalTimeoutError,
 )
 from loomflow.models.base import (
     COMPACTION_INSTRUCTIONS,
@@ -716,6 +717,8 @@ class _Run:
                 value = await tool.invoke(call.arguments)
             except ValidationError as exc:
                 content, is_error = f"invalid arguments for {call.name}: {exc}", True
+            except SignalTimeoutError as exc:  # the model decides what a missed answer means
+                content, is_error = f"SignalTimeoutError: {exc}", True
             except LoomflowError:
                 raise
             except Exception as exc:

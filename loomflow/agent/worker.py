@@ -216,6 +216,7 @@ class Worker:
                         return TakeOver(scope.session_id, scope.user_id, reason, "parked", str(exc))
                     # a backoff timer before the next attempt, not a wait for a result
                     await asyncio.sleep(self.backoff_seconds * 2**row.attempts)
+                    retrying = reason
                     continue
                 outcome: Literal["finished", "waiting"] = (
                     "waiting" if result.stop_reason == "waiting" else "finished"

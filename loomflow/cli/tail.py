@@ -156,12 +156,16 @@ def _line(record: LogRecord, as_json: bool) -> str:
 
 def describe(event: Event) -> str:
     """What an event says, in a few words."""
+    import orjson
+
     from loomflow.schemas import (
         CheckpointWritten,
         RunFailed,
         RunFinished,
         RunStarted,
+        RunWaiting,
         SessionForked,
+        SignalSent,
         StepRecorded,
         TurnAppended,
     )
@@ -182,7 +186,13 @@ def describe(event: Event) -> str:
                 )
             return " | ".join(parts)
         case RunStarted(payload=p):
-            return p.mode + (f" from {p.from_checkpoint}" if p.from_checkpoint else "")
+            text = p.mode + (f" from {p.from_checkpoint}" if p.from_checkpoint else "")
+            return text + (f" by worker {p.worker}" if p.worker else "")
+        case RunWaiting(payload=p):
+            until = f" until {p.until:%Y-%m-%d %H:%M:%S} UTC" if p.until else ""
+            return f"for signal {p.signal!r} in a {p.where.replace('_', ' ')}{until}"
+        case SignalSent(payload=p):
+            return f"{p.name}: {_short(orjson.dumps(p.data).decode())}"
         case RunFinished(payload=p):
             turns = "1 turn" if p.turns == 1 else f"{p.turns} turns"
             return (
@@ -190,13 +200,14 @@ def describe(event: Event) -> str:
                 f"${p.usage.cost_usd:.4f}: {_short(p.output)}"
             )
         case RunFailed(payload=p):
-            return f"{p.error_type}: {_short(p.error)}"
+            return ("parked: " if p.parked else "") + f"{p.error_type}: {_short(p.error)}"
         case CheckpointWritten(payload=p):
             return f"{p.checkpoint_id} at turn {p.turn}, {p.message_count} messages"
         case SessionForked(payload=p):
             return f"from {p.parent_session_id} at {p.parent_checkpoint_id}"
         case StepRecorded(payload=p):
-            return p.step_key
+            received = f" (received signal #{p.signal_seq})" if p.signal_seq else ""
+            return p.step_key + received
     return ""
 
 

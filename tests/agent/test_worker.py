@@ -17,10 +17,14 @@ from typing import Any
 import pytest
 
 from loomflow import (
+    Agent,
     RunTakenError,
     SerializationError,
     SessionBusyError,
     SessionNotFoundError,
+    SessionState,
+    Tuning,
+    wait_for_signal,
 )
 from loomflow.agent.worker import Worker
 from loomflow.models.scripted import ScriptedModel
@@ -261,3 +265,125 @@ async def test_a_live_run_is_not_signalled_and_a_timed_out_wait_raises_in_the_to
         await runtime.signal(Scope("busy"), "approve", None)
     assert holder.next_seq == 2
     await runtime.close()
+
+
+async def test_a_wait_in_a_stop_hook_goes_on_in_the_hook_without_a_model_call(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    reviews: list[Any] = []
+
+    async def review(state: SessionState) -> str | None:
+        answer = await wait_for_signal("review")
+        reviews.append(answer)
+        return None if answer["ok"] else "Shorter, please."
+
+    def agent_on(runtime: SqliteRuntime) -> Agent:
+        return Agent(
+            "You draft notes.",
+            model=ScriptedModel(["A long draft.", "Short draft."]),
+            runtime=runtime,
+            tuning=Tuning(checkpoint=True, stop_hooks=[review]),
+        )
+
+    first = SqliteRuntime(db)
+    waiting = await agent_on(first).run("Draft a note.", session_id="note")
+    await first.close()
+    assert (waiting.stop_reason, waiting.waiting_for) == ("waiting", "review")
+    assert waiting.output == "A long draft."
+
+    runtime = SqliteRuntime(db)
+    agent = agent_on(runtime)
+    await agent.signal("note", "review", {"ok": False})
+    worker = Worker([agent])
+    await asyncio.gather(*await worker.scan())
+    # the hook got the answer where it waited, asked for a revision, and waits again
+    assert reviews == [{"ok": False}]
+    assert [o.outcome for o in worker.done] == ["waiting"]
+    await agent.signal("note", "review", {"ok": True})
+    await asyncio.gather(*await worker.scan())
+    row = await runtime.store.session(Scope("note"))
+    state = await runtime.restore(Scope("note"))
+    await runtime.close()
+    assert reviews == [{"ok": False}, {"ok": True}]
+    assert row is not None and row.status == "finished" and not row.inbox
+    assert state is not None and [m.content for m in state.messages][-2:] == [
+        "Shorter, please.",
+        "Short draft.",
+    ]
+    model = agent.model
+    assert isinstance(model, ScriptedModel) and len(model.calls) == 1  # only the revision
+
+
+async def test_a_wait_past_its_timeout_is_a_tool_error_the_model_sees(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+
+    async def ask(question: str) -> str:
+        """Ask a person."""
+        return str(await wait_for_signal("answer", timeout=0.3))
+
+    model = ScriptedModel([ScriptedModel.tool_call("ask", question="Go?"), "Nobody answered."])
+    agent = Agent(
+        "You ask.", model=model, runtime=runtime, tools=[ask], tuning=Tuning(checkpoint=True)
+    )
+    waiting = await agent.run("Ask.", session_id="q")
+    assert waiting.stop_reason == "waiting"
+    worker = Worker([agent])
+    tasks = await eventually(worker.scan, within=10, what="the wait's timeout to pass")
+    await asyncio.gather(*tasks)
+    state = await runtime.restore(Scope("q"))
+    await runtime.close()
+    assert [o.reason for o in worker.done] == ["timed out"]
+    assert state is not None
+    tool = next(m for m in state.messages if m.role.value == "tool")
+    assert tool.is_error and "SignalTimeoutError" in tool.content
+    assert state.messages[-1].content == "Nobody answered."
+
+
+async def test_heartbeats_keep_a_long_model_call_from_being_taken_over(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db, lease_seconds=0.6)
+    slow = ScriptedModel(["Done, slowly."], latency=2.0)  # over three leases in one call
+    agent = Agent("You are slow.", model=slow, runtime=runtime)
+    run = asyncio.create_task(agent.run("Take your time.", session_id="slow"))
+    watcher_runtime = SqliteRuntime(db)
+    watcher = Worker([Agent("You are slow.", model=ScriptedModel(["x"]), runtime=watcher_runtime)])
+    looks = 0
+    while not run.done():
+        assert await watcher.scan() == []  # never due: its writer says it is alive
+        looks += 1
+        await asyncio.sleep(0.05)  # the watcher's poll interval
+    result = await run
+    events = await runtime.store.read_events(Scope("slow"))
+    await runtime.close()
+    await watcher_runtime.close()
+    assert result.output == "Done, slowly." and looks > 10
+    assert sum(e.type == "run.heartbeat" for e in events) >= 2
+    assert watcher.done == []
+
+
+async def test_a_run_that_keeps_failing_is_parked_and_listed_as_stuck(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    await _abandoned_run(db, "s1")
+    runtime = SqliteRuntime(db)
+    broken = Research(passes=2).agent(runtime)
+    broken.model = ScriptedModel([])  # every call fails: no replies
+    worker = Worker([broken], max_attempts=2, backoff_seconds=0.01)
+    await asyncio.gather(*await worker.scan())
+    row = await runtime.store.session(Scope("s1"))
+    await runtime.close()
+    assert [o.outcome for o in worker.done] == ["parked"]
+    assert row is not None and row.status == "stuck" and row.attempts == 2
+    assert row.last_error is not None and "ModelError" in row.last_error
+    listing = _loomflow("sessions", "ls", "--stuck", "--db", str(db))
+    out, err = await asyncio.to_thread(listing.communicate, timeout=60)
+    assert listing.returncode == 0, err
+    assert "stuck" in out and "s1: ModelError" in out
+
+
+async def test_a_factory_that_does_not_import_is_a_clear_error() -> None:
+    worker = _loomflow("worker", "no_such_module_here:agents")
+    _, err = await asyncio.to_thread(worker.communicate, timeout=60)
+    assert worker.returncode == 2
+    assert err.strip().startswith("loomflow worker: cannot import 'no_such_module_here'")
