@@ -7,6 +7,7 @@ call shows in the counts, and a crash is a ``BaseException`` raised mid-run.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -26,11 +27,14 @@ from loomflow import (
     Tuning,
     Usage,
     new_id,
+    wait_for_signal,
 )
 from loomflow.errors import (
+    RunTakenError,
     SequenceConflictError,
     SerializationError,
     SessionErasedError,
+    SessionNotFoundError,
     StaleWriterError,
     StoreUnavailableError,
     UnsafeDeserializationError,
@@ -878,3 +882,62 @@ class RuntimeConformance(RunKeywords, Suite):
             len(e.model_dump_json()) for e in await runtime.store.read_events(Scope("long"))
         )
         assert logged < 3 * transcript, f"a {logged}-byte log for a {transcript}-byte transcript"
+
+    # -- waiting runs, signals and workers ---------------------------------------------
+
+    async def test_a_waiting_run_goes_on_with_a_signal_sent_from_another_runtime(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        from loomflow.agent.worker import Worker
+
+        seen: list[object] = []
+        waiting = await _approval(new_runtime(), seen).run("Pay.", session_id="pay", user_id="ada")
+        assert (waiting.stop_reason, waiting.waiting_for) == ("waiting", "approve")
+        await _approval(new_runtime(), []).signal("pay", "approve", {"ok": True}, user_id="ada")
+        worker = Worker([_approval(new_runtime(), seen)])
+        await asyncio.gather(*await worker.scan())
+        assert [(o.reason, o.outcome) for o in worker.done] == [("signalled", "finished")]
+        assert seen == [{"ok": True}]
+        row = await new_runtime().store.session(Scope("pay", "ada"))
+        assert row is not None and row.status == "finished" and row.inbox == ()
+
+    async def test_a_signal_to_another_users_or_an_unknown_session_is_not_found(
+        self, runtime: Runtime
+    ) -> None:
+        await _approval(runtime, []).run("Pay.", session_id="pay", user_id="ada")
+        before = await runtime.store.session(Scope("pay", "ada"))
+        for scope in (Scope("pay", "bob"), Scope("pay"), Scope("nope", "ada")):
+            with pytest.raises(SessionNotFoundError):
+                await runtime.signal(scope, "approve", {"ok": True})
+        assert await runtime.store.session(Scope("pay", "ada")) == before
+
+    async def test_of_two_claims_after_the_same_seq_exactly_one_wins(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        await Research(passes=1).ran(new_runtime())
+        row = await new_runtime().store.session(Scope("s1"))
+        assert row is not None
+        claims = [
+            new_runtime().open_session(
+                Scope("s1"), run_id=new_id("run"), claim_after=row.last_seq, worker=f"w{n}"
+            )
+            for n in range(2)
+        ]
+        outcomes = await asyncio.gather(*claims, return_exceptions=True)
+        lost = [o for o in outcomes if isinstance(o, RunTakenError)]
+        assert len(lost) == 1, outcomes
+        after = await new_runtime().store.session(Scope("s1"))
+        assert after is not None and after.epoch == row.epoch + 1 and after.attempts == 1
+
+
+def _approval(runtime: Runtime, seen: list[object]) -> Agent:
+    """An agent whose tool waits for the signal "approve" and returns what it carried."""
+
+    async def approve(amount: int) -> str:
+        """Ask a person to approve a payment."""
+        answer = await wait_for_signal("approve")
+        seen.append(answer)
+        return f"approved: {answer}"
+
+    model = ScriptedModel([ScriptedModel.tool_call("approve", amount=5), "Paid."])
+    return Agent("You pay.", model=model, runtime=runtime, tools=[approve])
