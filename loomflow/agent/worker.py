@@ -43,12 +43,10 @@ def due(row: SessionRow) -> Reason | None:
     timeout passed)."""
     if abandoned(row):
         return "abandoned"
-    waiting = row.waiting
-    if row.status != "waiting" or waiting is None:
-        return None
-    if any(s.name == waiting.signal for s in row.inbox):
+    if row.status == "signalled":
         return "signalled"
-    if waiting.until is not None and utcnow() >= waiting.until:
+    waiting = row.waiting
+    if row.status == "waiting" and waiting and waiting.until and utcnow() >= waiting.until:
         return "timed out"
     return None
 

@@ -62,7 +62,10 @@ __all__ = [
     "project",
 ]
 
-SessionStatus = Literal["running", "waiting", "finished", "failed", "stuck", "erased"]
+#: running: a writer holds it (or held it, and went silent: abandoned); waiting: its run
+#: stopped to wait for a signal; signalled: the signal it waits for came (a worker resumes
+#: it); stuck: a worker gave up on it
+SessionStatus = Literal["running", "waiting", "signalled", "finished", "failed", "stuck", "erased"]
 
 #: Events whose messages replace the transcript (a fork's origin, a compaction).
 BASE_TYPES = ("session.forked", "transcript.compacted")
@@ -251,13 +254,17 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 last_error=f"{p.error_type}: {p.error}"[:500],
             )
         case RunWaiting(payload=p):
+            here = any(s.name == p.signal for s in session.inbox)
             changes.update(
-                status="waiting",
+                status="signalled" if here else "waiting",
                 waiting=Waiting(p.signal, p.step_key, p.until, p.where),
                 attempts=0,
             )
         case SignalSent(payload=p):
             changes["inbox"] = (*session.inbox, PendingSignal(event.seq, p.name, p.data, event.at))
+            waiting = session.waiting
+            if session.status == "waiting" and waiting is not None and waiting.signal == p.name:
+                changes["status"] = "signalled"
         case TurnAppended(payload=p):
             changes.update(
                 turns=session.turns + int(p.model_call),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import orjson
@@ -91,7 +91,8 @@ def control_json(row: SessionRow) -> str | None:
         control["waiting"] = {
             "signal": w.signal,
             "step_key": w.step_key,
-            "until": None if w.until is None else w.until.isoformat(),
+            # fixed-width UTC text: SQLite compares it with the time as text
+            "until": None if w.until is None else _text(w.until),
             "where": w.where,
         }
     if row.inbox:
@@ -100,6 +101,10 @@ def control_json(row: SessionRow) -> str | None:
             for p in row.inbox
         ]
     return orjson.dumps(control).decode()
+
+
+def _text(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 def _control(text: str | None) -> dict[str, Any]:

@@ -161,8 +161,8 @@ _MIGRATIONS: dict[int, str] = {
     # in flight it looks for
     3: """
     ALTER TABLE loomflow_sessions ADD COLUMN control TEXT;
-    CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status)
-        WHERE status IN ('running', 'waiting');
+    CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status, updated_at)
+        WHERE status IN ('running', 'waiting', 'signalled');
     """,
 }
 
@@ -285,13 +285,20 @@ def list_sessions(
     return [session_from_row(row) for row in rows]
 
 
-def sessions_in_flight(conn: sqlite3.Connection, limit: int) -> list[SessionRow]:
-    """Up to ``limit`` sessions of every user whose run is running or waiting, the
-    longest silent first: where a worker looks for runs to resume."""
+def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> list[SessionRow]:
+    """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
+    running sessions, the longest silent first (their leases say which are abandoned);
+    the signalled ones; the waiting ones whose wait timed out by ``now``."""
+    columns = ", ".join(SESSION_FIELDS)
     rows = conn.execute(
-        f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions "
-        "WHERE status IN ('running', 'waiting') ORDER BY updated_at LIMIT ?",
+        f"SELECT {columns} FROM loomflow_sessions WHERE status IN ('running', 'signalled') "
+        "ORDER BY updated_at LIMIT ?",
         (limit,),
+    ).fetchall()
+    rows += conn.execute(
+        f"SELECT {columns} FROM loomflow_sessions WHERE status = 'waiting' "
+        "AND json_extract(control, '$.waiting.until') <= ? ORDER BY updated_at LIMIT ?",
+        (ts(now), limit),
     ).fetchall()
     return [session_from_row(row) for row in rows]
 

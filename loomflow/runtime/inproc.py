@@ -21,7 +21,7 @@ from loomflow.runtime.base import Runtime
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult, Scope
 from loomflow.runtime.store import EventStore
-from loomflow.schemas import Event, Message, StepRecorded
+from loomflow.schemas import Event, Message, StepRecorded, utcnow
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
 __all__ = ["InProcRuntime", "InProcStore"]
@@ -72,8 +72,15 @@ class InProcStore(EventStore):
         return entry.row if entry else None
 
     async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
-        rows = [e.row for e in self._sessions.values() if e.row.status in ("running", "waiting")]
-        return sorted(rows, key=lambda r: r.updated_at)[:limit]
+        now = utcnow()
+        rows = sorted((e.row for e in self._sessions.values()), key=lambda r: r.updated_at)
+        live = [r for r in rows if r.status in ("running", "signalled")][:limit]
+        timed_out = [
+            r
+            for r in rows
+            if r.status == "waiting" and r.waiting and r.waiting.until and r.waiting.until <= now
+        ]
+        return live + timed_out[:limit]
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         entry = self._entry(scope)

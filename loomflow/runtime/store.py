@@ -19,6 +19,7 @@ from loomflow.schemas import (
     Message,
     SessionErased,
     new_id,
+    utcnow,
     validate_id,
 )
 from loomflow.schemas.events import (
@@ -80,8 +81,9 @@ class EventStore(Resource, ABC):
         """The session's events after ``after_seq``, in order."""
 
     async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
-        """Up to ``limit`` sessions of every user whose run is running or waiting, the
-        longest silent first: where a worker looks for runs to resume."""
+        """Where a worker looks for runs to take over (of every user), up to ``limit`` of
+        each kind: the running sessions, the longest silent first (their leases say which
+        are abandoned); the signalled ones; the waiting ones whose wait timed out."""
         raise NotImplementedError(f"{type(self).__name__} cannot list the runs in flight")
 
     async def prune(
@@ -240,7 +242,7 @@ class DatabaseStore(EventStore):
         return rows
 
     async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
-        rows: list[SessionRow] = await self._query(self.queries.sessions_in_flight, limit)
+        rows: list[SessionRow] = await self._query(self.queries.sessions_in_flight, utcnow(), limit)
         return rows
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:

@@ -901,6 +901,15 @@ class RuntimeConformance(RunKeywords, Suite):
         row = await new_runtime().store.session(Scope("pay", "ada"))
         assert row is not None and row.status == "finished" and row.inbox == ()
 
+    async def test_a_worker_looks_only_at_runs_that_may_be_due(self, runtime: Runtime) -> None:
+        for n in range(3):
+            await _approval(runtime, []).run("Pay.", session_id=f"pay-{n}")
+        await runtime.signal(Scope("pay-1"), "approve", {"ok": True})
+        # sessions that wait with no signal and no deadline are never read, however many
+        (row,) = await runtime.store.sessions_in_flight(limit=1)
+        assert (row.session_id, row.status) == ("pay-1", "signalled")
+        assert [s.name for s in row.inbox] == ["approve"]
+
     async def test_a_signal_to_another_users_or_an_unknown_session_is_not_found(
         self, runtime: Runtime
     ) -> None:

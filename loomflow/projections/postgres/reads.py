@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -97,12 +98,24 @@ async def list_sessions(
     return [session_from_row(row) for row in rows]
 
 
-async def sessions_in_flight(conn: asyncpg.Connection, schema: str, limit: int) -> list[SessionRow]:
-    """Up to ``limit`` sessions of every user whose run is running or waiting, the
-    longest silent first: where a worker looks for runs to resume."""
-    rows = await conn.fetch(
-        f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
-        "WHERE status IN ('running', 'waiting') ORDER BY updated_at LIMIT $1",
+async def sessions_in_flight(
+    conn: asyncpg.Connection, schema: str, now: datetime, limit: int
+) -> list[SessionRow]:
+    """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
+    running sessions, the longest silent first (their leases say which are abandoned);
+    the signalled ones; the waiting ones whose wait timed out by ``now``."""
+    table = f"{quoted(schema)}.sessions"
+    rows = list(
+        await conn.fetch(
+            f"SELECT {SESSION_COLUMNS} FROM {table} WHERE status IN ('running', 'signalled') "
+            "ORDER BY updated_at LIMIT $1",
+            limit,
+        )
+    )
+    rows += await conn.fetch(
+        f"SELECT {SESSION_COLUMNS} FROM {table} WHERE status = 'waiting' "
+        "AND (control->'waiting'->>'until')::timestamptz <= $1 ORDER BY updated_at LIMIT $2",
+        now,
         limit,
     )
     return [session_from_row(row) for row in rows]

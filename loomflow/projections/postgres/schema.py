@@ -152,7 +152,7 @@ _MIGRATIONS: dict[int, str] = {
     4: """
     ALTER TABLE {s}.sessions ADD COLUMN control jsonb;
     CREATE INDEX sessions_in_flight ON {s}.sessions (status, updated_at)
-        WHERE status IN ('running', 'waiting');
+        WHERE status IN ('running', 'waiting', 'signalled');
     """,
 }
 
