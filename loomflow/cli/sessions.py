@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NAMES", "add_parser", "parse_when"]
 
-NAMES = ("sessions", "checkpoints", "prune")
+NAMES = ("sessions", "checkpoints", "prune", "signal")
 
 Action = Callable[[argparse.Namespace, "Runtime", "Console"], Awaitable[int]]
 
@@ -242,6 +242,21 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     prune.add_argument("--session", type=_id("session id"), metavar="S", help="only this session")
     prune.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     prune.set_defaults(handler=_handler("prune", _prune, writes=True))
+
+    send = commands.add_parser(
+        "signal",
+        parents=[p["user"], p["store"], p["writes"]],
+        help="send a signal (a JSON payload) to a session's run",
+        description="Send the signal NAME to SESSION, as agent.signal does: a run that "
+        "waits for it (wait_for_signal(NAME)) is resumed by a worker and receives the "
+        "payload; a run that waits for it later receives it then.",
+    )
+    _session_argument(send)
+    send.add_argument("name", metavar="NAME", help="the signal's name")
+    send.add_argument(
+        "--json", default="null", metavar="JSON", help="the payload, as JSON (default: null)"
+    )
+    send.set_defaults(handler=_handler("signal", _signal, writes=True))
 
 
 # -- running a command -----------------------------------------------------------------
@@ -493,6 +508,28 @@ async def _fork(args: argparse.Namespace, runtime: Runtime, out: Console) -> int
     except InvalidIdError as exc:  # the new id is taken
         raise _Refused(f"{exc}; choose another --as", 1) from None
     print(child.session_id)  # alone on stdout, for NEW=$(loomflow sessions fork ...)
+    return 0
+
+
+async def _signal(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
+    import orjson
+
+    from loomflow.errors import SessionNotFoundError
+    from loomflow.runtime import Scope
+
+    try:
+        data = orjson.loads(args.json)
+    except orjson.JSONDecodeError as exc:
+        raise _Refused(f"--json is not JSON: {exc}", 2) from None
+    try:
+        seq = await runtime.signal(Scope(args.session, args.user), args.name, data)
+    except SessionNotFoundError:
+        raise _Refused(
+            f"no session {args.session} of {_who(args.user)}; list them with `loomflow sessions ls`"
+        ) from None
+    except ValueError as exc:  # the name
+        raise _Refused(str(exc), 2) from None
+    print(f"sent {args.name} to {args.session} (seq {seq})")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""``loomflow worker`` and ``loomflow signal``: runs that finish without a person."""
+"""``loomflow worker``: host agents and finish their runs that nobody else will."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import sys
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import add_db_option, quiet_kafka, settings_unless_db, user_of
+from loomflow.cli._log import quiet_kafka
 
 if TYPE_CHECKING:
     from loomflow.agent import Agent
 
-NAMES = ("worker", "signal")
+NAMES = ("worker",)
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -50,20 +50,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     worker.add_argument("--name", help="this worker's name in the log (default host:pid)")
     worker.set_defaults(handler=_worker)
-
-    send = commands.add_parser(
-        "signal",
-        help="send a signal (JSON payload) to a session's run",
-        description="Send the signal NAME to SESSION: a run that waits for it with "
-        "wait_for_signal(NAME) is resumed by a worker and receives the payload. The signal "
-        "is kept until the run waits for it.",
-    )
-    send.add_argument("session", metavar="SESSION")
-    send.add_argument("name", metavar="NAME")
-    send.add_argument("--json", default="null", metavar="JSON", help="the payload (default null)")
-    send.add_argument("--user", metavar="U", help="the session's user")
-    add_db_option(send)
-    send.set_defaults(handler=_signal)
 
 
 def load_agents(target: str) -> list[Agent]:
@@ -132,40 +118,3 @@ async def _serve(worker: Any, agents: list[Agent]) -> None:
             await agent.aclose()
         for runtime in runtimes.values():
             await runtime.close()
-
-
-def _signal(args: argparse.Namespace) -> int:
-    import orjson
-
-    from loomflow.errors import LoomflowError
-
-    try:
-        data = orjson.loads(args.json)
-    except orjson.JSONDecodeError as exc:
-        print(f"loomflow signal: --json is not JSON: {exc}", file=sys.stderr)
-        return 2
-    usable, settings = settings_unless_db(args.db)
-    if not usable:
-        return 2
-    quiet_kafka()
-    try:
-        seq = asyncio.run(_send(args, settings, data))
-    except (LoomflowError, ValueError) as exc:
-        print(f"loomflow signal: {exc}", file=sys.stderr)
-        return 1
-    print(f"sent {args.name} to {args.session} (seq {seq})")
-    return 0
-
-
-async def _send(args: argparse.Namespace, settings: Any, data: Any) -> int:
-    from loomflow.runtime import Runtime, Scope, SqliteStore
-
-    runtime: Runtime
-    if args.db is not None:  # only a file that is a loomflow store: nothing else is created
-        runtime = Runtime(SqliteStore(args.db, create=False))
-    else:
-        from loomflow.runtime import KafkaRuntime
-
-        runtime = KafkaRuntime(settings=settings)
-    async with runtime:
-        return await runtime.signal(Scope.of(args.session, user_of(args.user)), args.name, data)

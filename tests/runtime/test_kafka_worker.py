@@ -124,7 +124,9 @@ async def test_a_kafka_run_waits_across_processes_and_goes_on_with_the_signal(
     await first.close()
     assert result.stop_reason == "waiting"
 
-    sender = _process(env, ["loomflow.cli", "signal", "pay", "approve", "--json", '{"ok": true}'])
+    # through the log, as for every write on a read model the processor fills
+    command = ["loomflow.cli", "signal", "pay", "approve", "--json", '{"ok": true}', "--kafka"]
+    sender = _process(env, command)
     out, err = await asyncio.to_thread(sender.communicate, timeout=60)
     assert sender.returncode == 0, err
     assert out.startswith("sent approve to pay")
