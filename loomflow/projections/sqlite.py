@@ -161,7 +161,7 @@ _MIGRATIONS: dict[int, str] = {
     # in flight it looks for
     3: """
     ALTER TABLE loomflow_sessions ADD COLUMN control TEXT;
-    CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status, updated_at)
+    CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status)
         WHERE status IN ('running', 'waiting', 'signalled');
     """,
 }
@@ -303,11 +303,26 @@ def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> l
     return [session_from_row(row) for row in rows]
 
 
+_SESSION_COLUMNS = (
+    "user_id, session_id, status, last_seq, epoch, turns, usage, message_count, base_seq, "
+    "parent_session_id, parent_checkpoint_id, last_run_id, created_at, updated_at, control"
+)
+_SAVE_SESSION = (
+    f"INSERT INTO loomflow_sessions ({_SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    "ON CONFLICT (user_id, session_id) DO UPDATE SET "
+    + ", ".join(
+        f"{name} = excluded.{name}"
+        for name in _SESSION_COLUMNS.split(", ")
+        if name not in ("user_id", "session_id")
+    )
+)
+
+
 def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
     conn.execute(
-        "INSERT OR REPLACE INTO loomflow_sessions (user_id, session_id, status, last_seq, epoch, "
-        "turns, usage, message_count, base_seq, parent_session_id, parent_checkpoint_id, "
-        "last_run_id, created_at, updated_at, control) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        # an upsert, not INSERT OR REPLACE: an update rewrites only the indexes whose
+        # columns changed, where a replace deletes and re-inserts every index entry
+        _SAVE_SESSION,
         (
             _uid(row.user_id),
             row.session_id,
