@@ -185,7 +185,7 @@ def test_two_workers_finish_a_run_whose_process_and_then_whose_worker_were_kille
     session = _session(out, "unattended")
     workers = re.search(r"started two workers, W1 pid (\d+) and W2 pid (\d+)", out)
     runner = re.search(r"started the run process pid (\d+)", out)
-    killed = re.search(r"SIGKILL (W[12]) \(pid (\d+)\) once it had recorded turn", out)
+    killed = re.search(r"SIGKILL (W[12]) \(pid (\d+)\) after its turn", out)
     stopped = re.search(r"sent SIGTERM to (W[12]) \(pid (\d+)\): it exited with status 0", out)
     assert workers and runner and killed and stopped, out
     assert killed.group(1) != stopped.group(1)

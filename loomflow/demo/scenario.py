@@ -107,6 +107,10 @@ __all__ = [
 ]
 
 SCRIPTED_LATENCY_S = 0.15
+#: How the demo starts ``loomflow`` in a child: this interpreter, and -P so that the
+#: current directory is not put first on the path, where a ``loomflow`` folder (an older
+#: checkout) would stand in for the loomflow this process runs.
+LOOMFLOW_CLI = (sys.executable, "-P", "-m", "loomflow.cli")
 POLL_INTERVAL_S = 0.05
 
 Backend = Literal["scripted", "anthropic"]
@@ -749,9 +753,7 @@ class _Scenario:
 
     def _start_worker(self, stderr: IO[bytes]) -> _Child:
         command = [
-            sys.executable,
-            "-m",
-            "loomflow.cli",
+            *LOOMFLOW_CLI,
             WORKER_COMMAND,
             "--db",
             str(self.db),
@@ -962,10 +964,7 @@ class _UnattendedScene:
         }
         args = ["worker", HOSTED_AGENTS, "--poll", f"{WORKER_POLL_S:g}"]
         env = {**os.environ, **settings}
-        w1, w2 = (
-            self._spawn([sys.executable, "-m", "loomflow.cli", *args], label, env)
-            for label in ("W1", "W2")
-        )
+        w1, w2 = (self._spawn([*LOOMFLOW_CLI, *args], label, env) for label in ("W1", "W2"))
         self.workers = {w1.proc.pid: w1, w2.proc.pid: w2}
         self.s.report(
             WorkersStarted(
@@ -1111,9 +1110,7 @@ class _UnattendedScene:
 
     def _start_run_process(self, session_id: str) -> _Child:
         command = [
-            sys.executable,
-            "-m",
-            "loomflow.cli",
+            *LOOMFLOW_CLI,
             WORKER_COMMAND,
             "--db",
             str(self.s.db),
@@ -1193,7 +1190,7 @@ class _UnattendedScene:
         args += ["--db", _typed(self.s.db)]
         done = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "loomflow.cli", *args],
+            [*LOOMFLOW_CLI, *args],
             capture_output=True,
             text=True,
             timeout=60,

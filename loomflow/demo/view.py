@@ -129,8 +129,8 @@ class DemoView:
                 self._run_process_started(step)
             case ProcessKilled():
                 self.console.print(
-                    f"  [bold red]SIGKILL[/] {step.who} (pid {step.pid}) once it had recorded "
-                    f"turn {step.turn}; the log holds {step.turns} turns"
+                    f"  [bold red]SIGKILL[/] {step.who} (pid {step.pid}) after its turn "
+                    f"{step.turn}; the log holds {step.turns} turns"
                 )
             case TakenOver():
                 self._taken_over(step)
@@ -337,7 +337,8 @@ class DemoView:
 
     def _counted(self, counted: Counted) -> None:
         stats = counted.stats
-        table = Table(box=None, padding=(0, 2), title=f"loomflow stats ({counted.stats_db.name})")
+        # padding 1: the approver's model name fits in an 80-column terminal
+        table = Table(box=None, padding=(0, 1), title=f"loomflow stats ({counted.stats_db.name})")
         for column in ("model", "runs", "turns", "tool calls", "tokens in / out", "cost"):
             table.add_column(column, justify="left" if column == "model" else "right")
         for label, c in stats.by("model"):
@@ -438,9 +439,8 @@ class DemoView:
 
     def _run_process_started(self, started: RunProcessStarted) -> None:
         self.console.print(
-            f"started the run process [bold]pid {started.pid}[/]: python -m loomflow.cli "
-            f"{WORKER_COMMAND} … --lease {started.lease_seconds:g}\n"
-            f"  agent.run(task, session_id={started.session_id})"
+            f"started the run process [bold]pid {started.pid}[/] ({WORKER_COMMAND}, lease "
+            f"{started.lease_seconds:g} s)\n  agent.run(task, session_id={started.session_id})"
         )
 
     def _taken_over(self, taken: TakenOver) -> None:
@@ -457,13 +457,15 @@ class DemoView:
     def _unattended(self, done: Unattended) -> None:
         table = Table(box=None, padding=(0, 2))
         table.add_column("process")
-        table.add_column("turns restored", justify="right")
-        table.add_column("turns recorded", justify="right")
-        table.add_column("calls answered", justify="right")
+        table.add_column("pid", justify="right")
+        table.add_column("restored", justify="right")
+        table.add_column("recorded", justify="right")
+        table.add_column("calls", justify="right")
         table.add_column("ended")
         for run in done.runs:
             table.add_row(
-                f"{run.who} {run.pid}",
+                run.who,
+                str(run.pid),
                 str(run.restored_turns),
                 _span(run.turns),
                 str(len(run.calls)),
@@ -486,6 +488,8 @@ class DemoView:
                 "recorded, so the next run asked again."
             )
         lines = Text.from_markup(
+            "[dim]turns the log held when the run began, turns it recorded, and model calls "
+            "its process had answered[/]\n\n"
             f"{done.session_id}: {done.status}, {done.turns} turns; no command was typed.\n"
             + verdict
         )
@@ -499,10 +503,9 @@ class DemoView:
         self.console.print(
             f"{waiting.agent}.run(“{escape(_short(waiting.task, 60))}”,\n"
             f"             session_id={waiting.session_id})  [dim]# in this process[/]\n"
-            f"  its tool awaits wait_for_signal(“{result.waiting_for}”): the run records "
-            "run.waiting and ends\n"
+            f"  its tool awaits wait_for_signal(“{result.waiting_for}”), so the run ends:\n"
             f"  RunResult.stop_reason={result.stop_reason!r}, waiting_for="
-            f"{result.waiting_for!r}; no process holds the run now"
+            f"{result.waiting_for!r}; no process holds it"
         )
 
     def _signalled(self, signalled: Signalled) -> None:
