@@ -14,13 +14,16 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from loomflow.demo import scenario
 from loomflow.demo.assistant import editor_answer
 from loomflow.demo.scenario import (
     HOSTED_AGENTS,
@@ -293,6 +296,32 @@ def test_the_logs_other_readers_count_every_session_of_the_demo(demo: tuple[Path
         events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
     assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out
     assert out.rstrip().endswith("loomflow audit verify: 4 sessions match the log"), out
+
+
+@pytest.mark.slow
+def test_a_failing_scene_leaves_no_worker_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    spawned: list[subprocess.Popen[bytes]] = []
+    spawn = scenario._UnattendedScene._spawn
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        child = spawn(self, *args, **kwargs)
+        spawned.append(child.proc)
+        return child
+
+    async def fails(self: Any, survivor: Any) -> None:
+        assert survivor.proc.poll() is None  # a worker is still running when it fails
+        raise scenario.DemoError("the approval failed")
+
+    monkeypatch.setattr(scenario._UnattendedScene, "_spawn", recorded)
+    monkeypatch.setattr(scenario._UnattendedScene, "_approval", fails)
+    steps: list[object] = []
+    with pytest.raises(scenario.DemoError, match="the approval failed"):
+        scenario.play(tmp_path / "demo.db", 3, "unused", steps.append)
+    assert len(spawned) == 3  # two workers and the run process
+    assert all(proc.returncode == -signal.SIGKILL for proc in spawned), spawned
 
 
 def test_a_take_over_that_resends_a_recorded_turn_is_counted_as_repeated() -> None:
