@@ -1,9 +1,12 @@
-"""`loomflow demo` end to end: a real worker process, a real SIGKILL, resume and fork.
+"""`loomflow demo` end to end: a real worker process, a real SIGKILL, resume and fork; then
+real `loomflow worker` processes, one of them SIGKILLed, and a real `loomflow signal`.
 
 A resume's RunResult says how many turns it restored, not whether it sent them to the
 model again. So the demo's claims are checked against the calls the model really
 answered, from the demo's CallLog (one line per answered call, written by whichever
 process made it), beside the turns each run recorded in the SQLite log.
+
+The demo runs once for the module (it takes seconds); each test reads its output and log.
 """
 
 from __future__ import annotations
@@ -11,16 +14,35 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from loomflow.demo.scenario import CallLog, call_log_path
+from loomflow.demo import scenario
+from loomflow.demo.assistant import editor_answer
+from loomflow.demo.scenario import (
+    HOSTED_AGENTS,
+    CallLog,
+    ModelCall,
+    ProcessRun,
+    Unattended,
+    call_log_path,
+)
 from loomflow.runtime import Scope, SqliteRuntime
-from loomflow.schemas import SessionForked, TurnAppended
+from loomflow.schemas import (
+    Event,
+    Role,
+    RunStarted,
+    RunWaiting,
+    SessionForked,
+    SignalSent,
+    TurnAppended,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SESSION_ID = r"sess[0-9a-z]{26}"
@@ -54,6 +76,30 @@ async def _billed(db: Path, *session_ids: str) -> float:
     return total
 
 
+async def _events(db: Path, session_id: str) -> list[Event]:
+    async with SqliteRuntime(db) as runtime:
+        return await runtime.store.read_events(Scope(session_id))
+
+
+async def _status(db: Path, session_id: str) -> str | None:
+    async with SqliteRuntime(db) as runtime:
+        row = await runtime.store.session(Scope(session_id))
+    return None if row is None else row.status
+
+
+def runs_of(events: list[Event]) -> list[tuple[str | None, list[int]]]:
+    """Each run of a session in log order: the worker that started it (None: a caller's
+    run) and the model turns it recorded."""
+    runs: dict[str, tuple[str | None, list[int]]] = {}
+    for event in events:
+        if isinstance(event, RunStarted):
+            runs[event.run_id] = (event.payload.worker, [])
+        if isinstance(event, TurnAppended) and event.payload.model_call:
+            key = event.payload.step_key or ""
+            runs[event.run_id][1].append(int(key.removeprefix("model:")))
+    return list(runs.values())
+
+
 def run_demo(db: Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "ANTHROPIC_API_KEY"}
     # Output is parsed, so keep rich from colouring it or wrapping it to a narrow terminal.
@@ -72,10 +118,26 @@ def run_demo(db: Path) -> str:
     return out
 
 
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The demo's log and output, from one run of `loomflow demo` for the module."""
+    db = tmp_path_factory.mktemp("demo") / "demo.db"
+    return db, run_demo(db)
+
+
+def _session(out: str, label: str) -> str:
+    found = re.search(rf"^{label}\s+({SESSION_ID})\b", out, re.M)
+    assert found is not None, (label, out)
+    return found.group(1)
+
+
+def _calls(db: Path, step: str) -> list[ModelCall]:
+    return [call for call in asyncio.run(CallLog(call_log_path(db)).read()) if call.step == step]
+
+
 @pytest.mark.slow
-def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
-    db = tmp_path / "demo.db"
-    out = run_demo(db)
+def test_demo_kills_resumes_and_forks(demo: tuple[Path, str]) -> None:
+    db, out = demo
     assert "offline ScriptedModel" in out
     assert re.search(r"worker pid \d+ was killed by SIGKILL", out), out
 
@@ -107,7 +169,8 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     assert turns("fork") == by_fork, (turns("fork"), by_fork)
     assert by_fork and min(by_fork) == forked_at + 1 and forked_at > 0
 
-    assert len(calls) == len(by_worker) + len(by_resume) + len(by_fork) + unrecorded
+    first_part = [call for call in calls if call.step in ("worker", "resume", "fork")]
+    assert len(first_part) == len(by_worker) + len(by_resume) + len(by_fork) + unrecorded
     pids = {step: {call.pid for call in calls if call.step == step} for step in ("worker", "fork")}
     assert pids["worker"] != pids["fork"] == {call.pid for call in calls if call.step == "resume"}
 
@@ -116,16 +179,178 @@ def test_demo_kills_resumes_and_forks(tmp_path: Path) -> None:
     assert not_repeated is not None, out
     assert int(not_repeated.group(1)) == killed_at
 
-    # It ends with what other readers of the log see: the turns and their cost, counted
-    # from the log, then every event chained and verified.
-    model_turns = len(by_worker) + len(by_resume) + len(by_fork)
-    cost = asyncio.run(_billed(db, resumed.group(1), forked.group(1)))
-    counted = rf"scripted-demo\s+3\s+{model_turns}\s+\d+\s+[\d,]+ / [\d,]+\s+\${cost:.4f}"
+
+@pytest.mark.slow
+def test_two_workers_finish_a_run_whose_process_and_then_whose_worker_were_killed(
+    demo: tuple[Path, str],
+) -> None:
+    db, out = demo
+    session = _session(out, "unattended")
+    workers = re.search(r"started two workers, W1 pid (\d+) and W2 pid (\d+)", out)
+    runner = re.search(r"started the run process pid (\d+)", out)
+    killed = re.search(r"SIGKILL (W[12]) \(pid (\d+)\) after its turn", out)
+    stopped = re.search(r"sent SIGTERM to (W[12]) \(pid (\d+)\): it exited with status 0", out)
+    assert workers and runner and killed and stopped, out
+    assert killed.group(1) != stopped.group(1)
+    assert {int(killed.group(2)), int(stopped.group(2))} == {int(p) for p in workers.groups()}
+    assert asyncio.run(_status(db, session)) == "finished"
+
+    # The run process's run, then one run by each worker: the one later SIGKILLed, then
+    # the other, which finished it. Each went on from the turn the log ended at.
+    (none, by_runner), (first, by_first), (second, by_second) = runs_of(
+        asyncio.run(_events(db, session))
+    )
+    assert none is None and first is not None and second is not None
+    assert first.endswith(f":{killed.group(2)}") and second.endswith(f":{stopped.group(2)}")
+    assert by_runner and by_first and by_second
+    recorded = by_runner + by_first + by_second
+    assert recorded == list(range(1, len(recorded) + 1))
+
+    # No turn the log held was sent to the model again: each process's calls begin after
+    # the turns its run restored, and every turn it recorded was one of its calls. A
+    # killed process may have had one more call answered, in flight at its SIGKILL.
+    calls = _calls(db, "unattended")
+    pids = [int(runner.group(1)), int(killed.group(2)), int(stopped.group(2))]
+    assert {call.pid for call in calls} == set(pids)
+    unrecorded = 0
+    for pid, turns, restored in zip(
+        pids,
+        (by_runner, by_first, by_second),
+        (0, len(by_runner), len(by_runner) + len(by_first)),
+        strict=True,
+    ):
+        sent = [call.turn for call in calls if call.pid == pid]
+        assert min(sent) == restored + 1, (pid, sent, restored)
+        assert sent[: len(turns)] == turns, (pid, sent, turns)
+        unrecorded += len(sent) - len(turns)
+        assert len(sent) - len(turns) in ((0, 1) if pid != pids[-1] else (0,)), (pid, sent)
+    assert len(calls) == len(recorded) + unrecorded
+    assert "no recorded turn was sent to the model again" in out, out
+    assert re.search(rf"^unattended {session}\s+\({len(recorded)} turns, finished\)", out, re.M)
+
+
+@pytest.mark.slow
+def test_a_signal_sent_with_the_cli_lets_the_surviving_worker_finish_a_waiting_run(
+    demo: tuple[Path, str],
+) -> None:
+    db, out = demo
+    session = _session(out, "approved")
+    command = f"$ loomflow signal {session} approve --json '{{\"ok\": true}}' --db {db}"
+    assert command in out, out
+    assert re.search(rf"^  sent approve to {session} \(seq \d+\)$", out, re.M), out
+    stopped = re.search(r"sent SIGTERM to (W[12]) \(pid (\d+)\): it exited with status 0", out)
+    assert stopped is not None, out
+    assert asyncio.run(_status(db, session)) == "finished"
+
+    events = asyncio.run(_events(db, session))
+    (caller, by_caller), (worker, by_worker) = runs_of(events)
+    assert caller is None and by_caller == [1]  # it asked the editor, and waited
+    assert worker is not None and worker.endswith(f":{stopped.group(2)}") and by_worker == [2]
+    # it waited, then the signal came, then the worker's run started
+    waited = next(i for i, e in enumerate(events) if isinstance(e, RunWaiting))
+    sent = next(i for i, e in enumerate(events) if isinstance(e, SignalSent))
+    resumed = max(i for i, e in enumerate(events) if isinstance(e, RunStarted))
+    assert waited < sent < resumed
+    (signal,) = (event for event in events if isinstance(event, SignalSent))
+    assert signal.payload.name == "approve" and signal.payload.data == {"ok": True}
+    (result,) = (
+        message.content
+        for event in events
+        if isinstance(event, TurnAppended)
+        for message in event.payload.messages
+        if message.role is Role.TOOL
+    )
+    assert result == editor_answer({"ok": True}) == 'the editor answered {"ok": true}'
+    assert f"the tool returned where it had waited: {result}" in out
+
+    # one call before the wait, in the demo's process, one after it, in the worker's
+    calls = _calls(db, "approval")
+    assert [call.turn for call in calls] == [1, 2]
+    assert calls[1].pid == int(stopped.group(2)) != calls[0].pid
+    assert calls[0].pid in {call.pid for call in _calls(db, "resume")}
+
+
+@pytest.mark.slow
+def test_the_logs_other_readers_count_every_session_of_the_demo(demo: tuple[Path, str]) -> None:
+    db, out = demo
+    resumed, forked = _session(out, "resumed"), _session(out, "forked")
+    unattended = _session(out, "unattended")
+    research = [resumed, forked, unattended]
+
+    # The turns and their cost, counted from the log: the research sessions' six runs
+    # (the killed worker's, the resume, the fork; the run process's and two workers'),
+    # and the approver's two (before and after the wait).
+    model_turns = sum(
+        len(turns)
+        for session in research
+        for _, turns in runs_of(asyncio.run(_events(db, session)))
+    )
+    cost = asyncio.run(_billed(db, *research))
+    counted = rf"scripted-demo\s+6\s+{model_turns}\s+\d+\s+[\d,]+ / [\d,]+\s+\${cost:.4f}"
     assert re.search(counted, out), (model_turns, cost, out)
+    assert re.search(r"scripted-approver\s+2\s+2\s+1\s", out), out
+    assert "stats: log record" not in out  # the stats refused no event
+
+    # then every event chained and verified
     with sqlite3.connect(db) as conn:
         events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
     assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out
-    assert out.rstrip().endswith("loomflow audit verify: 2 sessions match the log"), out
+    assert out.rstrip().endswith("loomflow audit verify: 4 sessions match the log"), out
+
+
+@pytest.mark.slow
+def test_a_failing_scene_leaves_no_worker_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    spawned: list[subprocess.Popen[bytes]] = []
+    spawn = scenario._UnattendedScene._spawn
+
+    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        child = spawn(self, *args, **kwargs)
+        spawned.append(child.proc)
+        return child
+
+    async def fails(self: Any, survivor: Any) -> None:
+        assert survivor.proc.poll() is None  # a worker is still running when it fails
+        raise scenario.DemoError("the approval failed")
+
+    monkeypatch.setattr(scenario._UnattendedScene, "_spawn", recorded)
+    monkeypatch.setattr(scenario._UnattendedScene, "_approval", fails)
+    steps: list[object] = []
+    with pytest.raises(scenario.DemoError, match="the approval failed"):
+        scenario.play(tmp_path / "demo.db", 3, "unused", steps.append)
+    assert len(spawned) == 3  # two workers and the run process
+    assert all(proc.returncode == -signal.SIGKILL for proc in spawned), spawned
+
+
+def test_a_take_over_that_resends_a_recorded_turn_is_counted_as_repeated() -> None:
+    # the demo's check itself: a process whose calls begin at or before the turns its run
+    # restored sent those turns again; a turn answered twice past them was in flight
+    runs = (
+        ProcessRun("run process", 1, 0, (1, 2), (1, 2, 3), "SIGKILL"),
+        ProcessRun("W1", 2, 2, (3, 4), (3, 4), "SIGKILL"),
+        ProcessRun("W2", 3, 4, (5,), (4, 5), "finished"),
+    )
+    done = Unattended("s", "finished", 5, "", runs)
+    assert [run.repeated for run in runs] == [0, 0, 1]
+    assert done.repeated == 1 and done.sent_again == 2
+
+
+def test_the_workers_factory_says_what_it_needs_when_run_by_hand() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_DEMO_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "loomflow.cli", "worker", HOSTED_AGENTS],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"loomflow worker: {HOSTED_AGENTS} reads LOOMFLOW_DEMO_DB"), (
+        done.stderr
+    )
 
 
 def test_the_scenario_and_the_core_load_no_rich() -> None:

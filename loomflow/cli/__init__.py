@@ -61,10 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo = commands.add_parser(
         "demo",
-        help="kill an agent run with SIGKILL, resume it, then fork it",
+        help="kill an agent run with SIGKILL, resume it, fork it, let workers finish runs",
         description="Run a research agent in a worker process, SIGKILL it mid-run, resume "
         "the session from its SQLite log without repeating model calls, then fork it from an "
-        "older checkpoint. Offline unless ANTHROPIC_API_KEY is set.",
+        "older checkpoint. Then two `loomflow worker` processes finish a run whose process, "
+        "and then whose worker, is SIGKILLed, and a run that waits for `loomflow signal`. "
+        "Offline unless ANTHROPIC_API_KEY is set.",
     )
     demo.add_argument(
         "--db",
@@ -124,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--session-id", required=True)
     worker.add_argument("--backend", choices=("scripted", "anthropic"), required=True)
     worker.add_argument("--model", required=True)
+    worker.add_argument("--lease", type=float, default=None)
+    worker.add_argument("--step", choices=("worker", "unattended"), default="worker")
     return parser
 
 
@@ -301,4 +305,4 @@ def _dispatch(args: argparse.Namespace) -> int:
     # the worker loads the scenario alone: no rich in a process that prints nothing
     from loomflow.demo.scenario import run_worker
 
-    return run_worker(args.db, args.session_id, args.backend, args.model)
+    return run_worker(args.db, args.session_id, args.backend, args.model, args.lease, args.step)

@@ -1,6 +1,7 @@
-"""The research assistant the demo runs: its tools, its task, a reviewer and scripted replies.
+"""The agents the demo runs: the research assistant (its tools, task, reviewer and scripted
+replies) and the approver, whose tool waits for an editor's signal.
 
-Every process of the demo builds the same agent from this module. The scripted replies
+Every process of the demo builds the same agents from this module. The scripted replies
 depend only on the transcript a request carries, so a process that resumes a session
 is answered exactly as the killed one would have been.
 """
@@ -8,12 +9,13 @@ is answered exactly as the killed one would have been.
 from __future__ import annotations
 
 import ast
+import json
 import math
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loomflow.agent import Agent, SessionState, Tuning
+from loomflow.agent import Agent, SessionState, Tuning, wait_for_signal
 from loomflow.models.base import Model
 from loomflow.models.scripted import Reply
 from loomflow.runtime import Runtime
@@ -21,12 +23,19 @@ from loomflow.schemas import Message, Role, ToolCall
 
 __all__ = [
     "APPROACH_PROMPTS",
+    "APPROVAL_SIGNAL",
+    "APPROVAL_TASK",
+    "APPROVER",
     "FORK_PROMPT",
     "MAIN_TURNS",
     "REFINEMENTS",
+    "RESEARCHER",
     "TASK",
     "TOOLS",
+    "approver_reply",
     "build_agent",
+    "build_approver",
+    "editor_answer",
     "scripted_reply",
 ]
 
@@ -268,6 +277,11 @@ def scripted_reply(messages: Sequence[Message]) -> Reply:
     return round_[replies] if replies < len(round_) else AFTER_INTERRUPTION
 
 
+#: Agent names: what a run's run.started records, and what a worker must host to resume it.
+RESEARCHER = "researcher"
+APPROVER = "approver"
+
+
 def build_agent(runtime: Runtime, model: Model) -> Agent:
     """The assistant on ``runtime``: one checkpoint per pass, so the fork has some to pick."""
     return Agent(
@@ -276,4 +290,54 @@ def build_agent(runtime: Runtime, model: Model) -> Agent:
         runtime=runtime,
         tuning=Tuning(checkpoint=True, stop_hooks=[reviewer]),
         tools=TOOLS,
+        name=RESEARCHER,
+    )
+
+
+# -- the approver: a run that waits for a person ------------------------------------------
+
+APPROVAL_SIGNAL = "approve"
+APPROVAL_TASK = "Publish the Mars briefing in Friday's newsletter, once the editor approves it."
+#: An hour: long enough that only the editor's answer, never the timeout, ends the demo's wait.
+APPROVAL_TIMEOUT_S = 3600.0
+
+
+def editor_answer(answer: object) -> str:
+    """What ``ask_editor`` returns for the editor's signal payload (the demo checks it)."""
+    return f"the editor answered {json.dumps(answer, sort_keys=True)}"
+
+
+async def ask_editor(item: str) -> str:
+    """Ask the editor to approve publishing an item; returns their answer.
+
+    Args:
+        item: What should be published.
+    """
+    # The run ends here until the editor sends the signal; a worker resumes it then, and
+    # this call returns the signal's payload as if it had never stopped.
+    return editor_answer(await wait_for_signal(APPROVAL_SIGNAL, timeout=APPROVAL_TIMEOUT_S))
+
+
+def approver_reply(messages: Sequence[Message]) -> Reply:
+    """The approver's script: ask the editor, then act on the answer the tool returned."""
+    last = messages[-1] if messages else None
+    if last is None or last.role is not Role.TOOL:
+        return _calls(
+            ("ask_editor", {"item": "the Mars briefing"}),
+            text="The briefing needs the editor's approval before it goes out.",
+        )
+    if not last.is_error and '"ok": true' in last.content:
+        return "Approved by the editor: the Mars briefing goes out in Friday's newsletter."
+    return "The editor did not approve it, so the Mars briefing stays unpublished."
+
+
+def build_approver(runtime: Runtime, model: Model) -> Agent:
+    """The approver on ``runtime``: its one tool waits for the editor's ``approve`` signal."""
+    return Agent(
+        "You publish newsletter items, and only with the editor's approval.",
+        model=model,
+        runtime=runtime,
+        tuning=Tuning(checkpoint=True),
+        tools=[ask_editor],
+        name=APPROVER,
     )

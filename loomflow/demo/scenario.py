@@ -1,10 +1,15 @@
-"""What `loomflow demo` does: a worker process is SIGKILLed mid-run, resumed here, then forked.
+"""What `loomflow demo` does: a worker process is SIGKILLed mid-run, resumed here, then forked;
+then runs finish unattended, taken over by `loomflow worker` processes.
 
 The worker is a real child process writing to a SQLite log; this process watches that log,
-kills the worker, and continues the same session itself. Each step is handed to a callback
-as a plain record (the dataclasses below), so this module decides what happens and checks
-that it went right while the view decides only how it looks: nothing here imports rich,
-and the worker process loads none of it.
+kills the worker, and continues the same session itself. In the unattended scene, two
+`loomflow worker` processes host the demo's agents: a new run's process and then the
+worker that took its run over are SIGKILLed, and the other worker finishes the run; a
+run that waits for an editor's approval is finished by a worker once `loomflow signal`
+sends it. Each step is handed to a callback as a plain record (the dataclasses below),
+so this module decides what happens and checks that it went right while the view
+decides only how it looks: nothing here imports rich, and the child processes load
+none of it.
 
 Every model call a process of the demo gets answered is added to a CallLog beside the
 SQLite file. The event log says which turns were recorded; only the call log says which
@@ -14,27 +19,36 @@ calls were really sent, so only it can show that a resume repeated none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Literal, TypeVar, cast
 
-from loomflow.agent import CONTINUATION_PROMPT
+from loomflow.agent import CONTINUATION_PROMPT, Agent
 from loomflow.cli import WORKER_COMMAND
 from loomflow.demo.assistant import (
+    APPROVAL_SIGNAL,
+    APPROVAL_TASK,
+    APPROVER,
     FORK_PROMPT,
     MAIN_TURNS,
     REFINEMENTS,
+    RESEARCHER,
     TASK,
     TOOLS,
+    approver_reply,
     build_agent,
+    build_approver,
+    editor_answer,
     scripted_reply,
 )
 from loomflow.models.base import Model, ModelResponse, ToolSpec
@@ -47,9 +61,21 @@ from loomflow.processors.stats_db import stats_path
 from loomflow.processors.stats_db import update as update_stats
 from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.runtime import Scope, SqliteRuntime
-from loomflow.schemas import CheckpointMeta, Event, Message, Role, RunResult, new_id
+from loomflow.schemas import (
+    CheckpointMeta,
+    Event,
+    Message,
+    Role,
+    RunFinished,
+    RunResult,
+    RunStarted,
+    SignalSent,
+    TurnAppended,
+    new_id,
+)
 
 __all__ = [
+    "Approved",
     "CallLog",
     "CheckpointList",
     "DemoError",
@@ -57,24 +83,41 @@ __all__ = [
     "Intro",
     "LoggedModel",
     "ModelCall",
+    "ProcessKilled",
+    "ProcessRun",
     "Resumed",
     "Resuming",
+    "RunProcessStarted",
+    "Signalled",
     "Step",
     "Summary",
+    "TakenOver",
+    "Unattended",
+    "Waiting",
     "WorkerKilled",
     "WorkerStarted",
+    "WorkersStarted",
+    "WorkersStopped",
     "call_log_path",
+    "hosted_agents",
+    "make_approver_model",
     "make_model",
     "play",
     "run_worker",
 ]
 
 SCRIPTED_LATENCY_S = 0.15
+#: How the demo starts ``loomflow`` in a child: this interpreter, and -P so that the
+#: current directory is not put first on the path, where a ``loomflow`` folder (an older
+#: checkout) would stand in for the loomflow this process runs.
+LOOMFLOW_CLI = (sys.executable, "-P", "-m", "loomflow.cli")
 POLL_INTERVAL_S = 0.05
 
 Backend = Literal["scripted", "anthropic"]
-#: The part of the demo a model call belongs to: the worker's run, the resume or the fork.
-CallStep = Literal["worker", "resume", "fork"]
+#: The part of the demo a model call belongs to: the worker's run, the resume, the fork, the
+#: unattended scene's research session (its run process and the `loomflow worker`s that
+#: took it over) or the approver's session.
+CallStep = Literal["worker", "resume", "fork", "unattended", "approval"]
 
 
 class DemoError(Exception):
@@ -170,23 +213,83 @@ def make_model(backend: Backend, model_name: str, log: CallLog, step: CallStep) 
     return LoggedModel(scripted, log, step)
 
 
+def make_approver_model(log: CallLog) -> LoggedModel:
+    """The approver's model: always the script, since its story is the wait, not the model."""
+    scripted = ScriptedModel(approver_reply, name="scripted-approver", latency=SCRIPTED_LATENCY_S)
+    return LoggedModel(scripted, log, "approval")
+
+
 # -- the worker process --------------------------------------------------------------------
 
 
-def run_worker(db: Path, session_id: str, backend: Backend, model_name: str) -> int:
+def run_worker(
+    db: Path,
+    session_id: str,
+    backend: Backend,
+    model_name: str,
+    lease_seconds: float | None = None,
+    step: CallStep = "worker",
+) -> int:
     """Run the task on ``session_id`` until it finishes (or, in the demo, is killed)."""
-    asyncio.run(_work(db, session_id, backend, model_name))
+    asyncio.run(_work(db, session_id, backend, model_name, lease_seconds, step))
     return 0
 
 
-async def _work(db: Path, session_id: str, backend: Backend, model_name: str) -> None:
-    model = make_model(backend, model_name, CallLog(call_log_path(db)), "worker")
-    runtime = SqliteRuntime(db)
+async def _work(
+    db: Path,
+    session_id: str,
+    backend: Backend,
+    model_name: str,
+    lease_seconds: float | None,
+    step: CallStep,
+) -> None:
+    model = make_model(backend, model_name, CallLog(call_log_path(db)), step)
+    runtime = (
+        SqliteRuntime(db)
+        if lease_seconds is None
+        else SqliteRuntime(db, lease_seconds=lease_seconds)
+    )
     try:
         await build_agent(runtime, model).run(TASK, session_id=session_id)
     finally:
         await model.aclose()
         await runtime.close()
+
+
+# -- what the scene's `loomflow worker` processes host ---------------------------------------
+
+#: The factory the scene's workers load: `loomflow worker loomflow.demo.scenario:hosted_agents`.
+HOSTED_AGENTS = "loomflow.demo.scenario:hosted_agents"
+#: What the factory needs, passed by the demo in the workers' environment.
+ENV_DB = "LOOMFLOW_DEMO_DB"
+ENV_BACKEND = "LOOMFLOW_DEMO_BACKEND"
+ENV_MODEL = "LOOMFLOW_DEMO_MODEL"
+ENV_LEASE = "LOOMFLOW_DEMO_LEASE"
+
+
+def hosted_agents() -> list[Agent]:
+    """What the scene's `loomflow worker` processes host: the researcher and the approver
+    on the demo's log, as the LOOMFLOW_DEMO_* variables the demo sets describe it."""
+    names = (ENV_DB, ENV_BACKEND, ENV_MODEL, ENV_LEASE)
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        raise ValueError(
+            f"{HOSTED_AGENTS} reads {', '.join(missing)} from the environment; "
+            "`loomflow demo` sets them for the workers it starts"
+        )
+    backend = os.environ[ENV_BACKEND]
+    if backend not in ("scripted", "anthropic"):
+        raise ValueError(f"{ENV_BACKEND} must be scripted or anthropic, not {backend!r}")
+    try:
+        lease = float(os.environ[ENV_LEASE])
+    except ValueError:
+        raise ValueError(f"{ENV_LEASE} is not a number of seconds") from None
+    db = Path(os.environ[ENV_DB])
+    calls = CallLog(call_log_path(db))
+    # One runtime for both: one connection pool, and one place a worker looks for runs.
+    runtime = SqliteRuntime(db, lease_seconds=lease)
+    model = make_model(cast(Backend, backend), os.environ[ENV_MODEL], calls, "unattended")
+    return [build_agent(runtime, model), build_approver(runtime, make_approver_model(calls))]
 
 
 # -- what the demo reports, step by step -----------------------------------------------------
@@ -312,6 +415,140 @@ class Audited:
     verification: Verification
 
 
+# -- the unattended scene's records ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkersStarted:
+    """`loomflow worker` processes (W1, W2, in ``pids`` order) host the demo's agents on
+    its log, set up by the ``settings`` of their environment; runs of the scene have a
+    ``lease_seconds`` lease."""
+
+    command: str
+    settings: tuple[str, ...]
+    pids: tuple[int, ...]
+    agents: tuple[str, ...]
+    lease_seconds: float
+    poll_seconds: float
+
+
+@dataclass(frozen=True)
+class RunProcessStarted:
+    """A process runs ``agent.run(task, session_id=...)`` on a new session."""
+
+    pid: int
+    session_id: str
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class ProcessKilled:
+    """``who`` died of the SIGKILL sent once its run had recorded turn ``turn``; the log
+    held ``turns`` turns once it was dead."""
+
+    who: str
+    pid: int
+    exit_status: int
+    turn: int
+    turns: int
+
+
+@dataclass(frozen=True)
+class TakenOver:
+    """A worker's run.started on the session (``payload.worker`` names it): who took the
+    run over, why, and how long after the session's previous event."""
+
+    who: str
+    worker: str
+    session_id: str
+    reason: Literal["abandoned", "signalled"]
+    turns: int
+    silent_s: float
+
+
+@dataclass(frozen=True)
+class ProcessRun:
+    """One run of the unattended session: the process that made it, the turns the log
+    held when it began, the turns it recorded, the turns of the model calls its process
+    had answered (from the CallLog), and how it ended."""
+
+    who: str
+    pid: int
+    restored_turns: int
+    turns: tuple[int, ...]
+    calls: tuple[int, ...]
+    ended: str
+
+    @property
+    def repeated(self) -> int:
+        """Calls sent for a turn the log held when the run began: a correct take-over
+        sends none."""
+        return sum(1 for turn in self.calls if turn <= self.restored_turns)
+
+
+@dataclass(frozen=True)
+class Unattended:
+    """The unattended session once a worker finished it: its runs in log order."""
+
+    session_id: str
+    status: str
+    turns: int
+    output: str
+    runs: tuple[ProcessRun, ...]
+
+    @property
+    def repeated(self) -> int:
+        return sum(run.repeated for run in self.runs)
+
+    @property
+    def sent_again(self) -> int:
+        """Turns answered to more than one process: each a call in flight at a kill,
+        answered but not recorded, so the next run asked again."""
+        answered = [turn for run in self.runs for turn in set(run.calls)]
+        return sum(1 for turn in set(answered) if answered.count(turn) > 1)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The approver's run in this process stopped in its tool to wait for a signal."""
+
+    agent: str
+    session_id: str
+    task: str
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """`loomflow signal` as a user types it, and what it printed."""
+
+    command: str
+    exit_status: int
+    output: str
+
+
+@dataclass(frozen=True)
+class Approved:
+    """The approver's session once a worker resumed and finished it: what its tool
+    returned where it had waited, and the run's answer."""
+
+    session_id: str
+    status: str
+    tool_result: str
+    expected: str
+    output: str
+
+
+@dataclass(frozen=True)
+class WorkersStopped:
+    """The surviving worker stopped by SIGTERM, and what the workers logged."""
+
+    who: str
+    pid: int
+    exit_status: int
+    log: tuple[str, ...]
+
+
 #: What the demo reports, in order: while the worker runs, each event it appends as read
 #: from the log; otherwise one of the records above.
 Step = (
@@ -324,6 +561,15 @@ Step = (
     | CheckpointList
     | Forked
     | Summary
+    | WorkersStarted
+    | RunProcessStarted
+    | ProcessKilled
+    | TakenOver
+    | Unattended
+    | Waiting
+    | Signalled
+    | Approved
+    | WorkersStopped
     | Counted
     | Audited
 )
@@ -359,14 +605,27 @@ def _reset(db: Path) -> None:
 
 
 @dataclass
-class _Worker:
+class _Child:
+    """A child process of the demo, its stderr (a file, read only when something failed)
+    and what the demo calls it."""
+
     proc: subprocess.Popen[bytes]
     stderr: IO[bytes]
+    label: str = "the worker"
+
+    def stderr_text(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read().decode(errors="replace").strip()
 
     def stderr_tail(self, lines: int = 15) -> str:
-        self.stderr.seek(0)
-        text = self.stderr.read().decode(errors="replace").strip()
+        text = self.stderr_text()
         return "\n".join(text.splitlines()[-lines:]) or "(no output on stderr)"
+
+    def kill(self) -> None:
+        """SIGKILL it if it still runs, and reap it."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 class _Scenario:
@@ -424,9 +683,7 @@ class _Scenario:
             try:
                 killed = await self._watch_and_kill(runtime, worker)
             finally:
-                if worker.proc.poll() is None:
-                    worker.proc.kill()  # never leave a worker behind when the demo fails
-                    worker.proc.wait()
+                worker.kill()  # never leave a worker behind when the demo fails
         self.report(killed)
 
         latest = killed.checkpoints[0] if killed.checkpoints else None
@@ -469,6 +726,8 @@ class _Scenario:
         worker_calls = len(await self._calls_of("worker"))
         self.report(Summary(worker_calls, killed, resumed, forked))
 
+        await _UnattendedScene(self, runtime).play()
+
         stats_db = stats_path(self.db)
         await update_stats(self.db, stats_db)
         self.report(Counted(stats_db, await asyncio.to_thread(load_stats, stats_db)))
@@ -492,11 +751,9 @@ class _Scenario:
 
     # -- the worker, watched through the log -------------------------------------------------
 
-    def _start_worker(self, stderr: IO[bytes]) -> _Worker:
+    def _start_worker(self, stderr: IO[bytes]) -> _Child:
         command = [
-            sys.executable,
-            "-m",
-            "loomflow.cli",
+            *LOOMFLOW_CLI,
             WORKER_COMMAND,
             "--db",
             str(self.db),
@@ -509,9 +766,9 @@ class _Scenario:
         ]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
         self.report(WorkerStarted(proc.pid, self.session_id))
-        return _Worker(proc, stderr)
+        return _Child(proc, stderr)
 
-    async def _watch_and_kill(self, runtime: SqliteRuntime, worker: _Worker) -> WorkerKilled:
+    async def _watch_and_kill(self, runtime: SqliteRuntime, worker: _Child) -> WorkerKilled:
         proc = worker.proc
         start = last_progress = time.monotonic()
         seen = turns = 0
@@ -571,3 +828,438 @@ class _Scenario:
             checkpoints=tuple(checkpoints),
             status=row.status,
         )
+
+
+# -- the unattended scene: `loomflow worker` and `loomflow signal` ----------------------------
+
+#: The scene's lease: a dead process's run is taken over seconds, not half a minute, after
+#: its last event; a live writer's heartbeats (every third of it) keep it from looking dead.
+UNATTENDED_LEASE_S = 2.0
+#: How often the scene's workers look for runs to take over.
+WORKER_POLL_S = 0.2
+#: Turns the scene's run process records before its SIGKILL.
+UNATTENDED_KILL_AFTER = 2
+#: What the editor answers, as `loomflow signal ... --json` sends it.
+APPROVAL_PAYLOAD: dict[str, object] = {"ok": True}
+
+_T = TypeVar("_T")
+
+
+def _turn(event: TurnAppended) -> int:
+    return int((event.payload.step_key or "model:0").removeprefix("model:"))
+
+
+def _typed(path: Path) -> str:
+    """``path`` as a user would type it: relative when below the current directory, since
+    the demo shows commands to be typed again."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _pid_of(worker: str) -> int | None:
+    """The pid in a worker's default name, host:pid."""
+    _, _, pid = worker.rpartition(":")
+    return int(pid) if pid.isdigit() else None
+
+
+class _Tail:
+    """One session's events, read from the log as they are appended."""
+
+    def __init__(self, runtime: SqliteRuntime, session_id: str) -> None:
+        self.runtime = runtime
+        self.scope = Scope(session_id)
+        self.events: list[Event] = []
+
+    async def read(self) -> list[Event]:
+        after = self.events[-1].seq if self.events else 0
+        self.events.extend(await self.runtime.store.read_events(self.scope, after_seq=after))
+        return self.events
+
+    def turns(self, run_id: str | None = None, before: int | None = None) -> list[int]:
+        """The model turns recorded, by the run ``run_id`` or by any, before the seq
+        ``before`` or at any seq."""
+        return [
+            _turn(event)
+            for event in self.events
+            if isinstance(event, TurnAppended)
+            and event.payload.model_call
+            and run_id in (None, event.run_id)
+            and (before is None or event.seq < before)
+        ]
+
+    def taken_over(self, known: Sequence[str]) -> RunStarted | None:
+        """The first run a worker started that is not in ``known``."""
+        for event in self.events:
+            if (
+                isinstance(event, RunStarted)
+                and event.payload.worker is not None
+                and event.run_id not in known
+            ):
+                return event
+        return None
+
+    def before(self, event: Event) -> Event:
+        """The event the session held before ``event``: what the lease is counted from."""
+        index = next(i for i, e in enumerate(self.events) if e.seq == event.seq)
+        return self.events[max(index - 1, 0)]
+
+    async def status(self) -> str:
+        row = await self.runtime.store.session(self.scope)
+        return "none" if row is None else row.status
+
+
+class _UnattendedScene:
+    """Runs nobody resumes by hand: `loomflow worker` processes take over a run whose
+    process died (and then one whose worker died), and resume a run that waited for a
+    signal once `loomflow signal` sends it."""
+
+    def __init__(self, scenario: _Scenario, runtime: SqliteRuntime) -> None:
+        self.s = scenario
+        self.runtime = runtime
+        #: the children's stderr files, closed when the scene ends
+        self.files = contextlib.ExitStack()
+        self.children: list[_Child] = []
+        self.workers: dict[int, _Child] = {}
+
+    async def play(self) -> None:
+        with self.files:
+            try:
+                await self._steps()
+            finally:
+                for child in self.children:
+                    child.kill()  # never leave a process behind when the demo fails
+
+    async def _steps(self) -> None:
+        w1, w2 = self._start_workers()
+        research, survivor = await self._research(w1, w2)
+        self.s.report(research)
+        if research.repeated:
+            raise DemoError(
+                f"the workers sent {research.repeated} model call(s) for turns the log "
+                f"already held in {research.session_id}: their replies should have come "
+                "from the log"
+            )
+        await self._approval(survivor)
+        await self._stop(survivor)
+
+    # -- the children ----------------------------------------------------------------------
+
+    def _spawn(self, command: list[str], label: str, env: dict[str, str] | None = None) -> _Child:
+        # A file, not a pipe: nobody reads stderr until the end, and a full pipe would
+        # block the child and look like a stall. The scene's ExitStack closes it.
+        stderr = self.files.enter_context(tempfile.TemporaryFile())  # noqa: SIM115
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+        child = _Child(proc, stderr, label)
+        self.children.append(child)
+        return child
+
+    def _start_workers(self) -> tuple[_Child, _Child]:
+        settings = {
+            ENV_DB: _typed(self.s.db),  # the workers share this process's directory
+            ENV_BACKEND: self.s.backend,
+            ENV_MODEL: self.s.model_name,
+            ENV_LEASE: f"{UNATTENDED_LEASE_S:g}",
+        }
+        args = ["worker", HOSTED_AGENTS, "--poll", f"{WORKER_POLL_S:g}"]
+        env = {**os.environ, **settings}
+        w1, w2 = (self._spawn([*LOOMFLOW_CLI, *args], label, env) for label in ("W1", "W2"))
+        self.workers = {w1.proc.pid: w1, w2.proc.pid: w2}
+        self.s.report(
+            WorkersStarted(
+                command=shlex.join(["loomflow", *args]),
+                settings=tuple(f"{name}={value}" for name, value in settings.items()),
+                pids=(w1.proc.pid, w2.proc.pid),
+                agents=(RESEARCHER, APPROVER),
+                lease_seconds=UNATTENDED_LEASE_S,
+                poll_seconds=WORKER_POLL_S,
+            )
+        )
+        return w1, w2
+
+    async def _wait(
+        self, what: str, probe: Callable[[], Awaitable[_T | None]], alive: Sequence[_Child]
+    ) -> _T:
+        """Poll ``probe`` until it gives a value; DemoError when a child in ``alive``
+        exits first, or after the scenario's timeout."""
+        start = time.monotonic()
+        while True:
+            found = await probe()
+            if found is not None:
+                return found
+            for child in alive:
+                code = child.proc.poll()
+                if code is not None:
+                    raise DemoError(
+                        f"{child.label} (pid {child.proc.pid}) exited with status {code} while "
+                        f"the demo waited for {what}.\n{child.stderr_tail()}"
+                    )
+            if time.monotonic() - start > self.s.timeout_s:
+                tails = "\n".join(f"{c.label}:\n{c.stderr_tail(5)}" for c in alive)
+                raise DemoError(
+                    f"waited {self.s.timeout_s:.0f} s for {what}; it never came.\n{tails}"
+                )
+            await asyncio.sleep(POLL_INTERVAL_S)
+
+    async def _kill(self, child: _Child, tail: _Tail, turn: int) -> None:
+        """SIGKILL ``child`` and report it, with the turns the log held once it died."""
+        os.kill(child.proc.pid, signal.SIGKILL)
+        try:
+            # Reaping a SIGKILLed child is near-instant; the bound only guards the demo.
+            code = await asyncio.to_thread(child.proc.wait, 10)
+        except subprocess.TimeoutExpired as exc:
+            raise DemoError(f"pid {child.proc.pid} did not die within 10 s of SIGKILL") from exc
+        if code != -signal.SIGKILL:
+            raise DemoError(
+                f"{child.label} (pid {child.proc.pid}) ended with status {code}, not by "
+                f"SIGKILL.\n{child.stderr_tail()}"
+            )
+        await tail.read()
+        self.s.report(ProcessKilled(child.label, child.proc.pid, code, turn, len(tail.turns())))
+
+    async def _taker(
+        self, tail: _Tail, known: Sequence[str], alive: Sequence[_Child], what: str
+    ) -> tuple[RunStarted, _Child]:
+        """Wait for a worker's run.started on the session beyond ``known``; return it and
+        the worker process it names."""
+
+        async def probe() -> RunStarted | None:
+            await tail.read()
+            return tail.taken_over(known)
+
+        started = await self._wait(what, probe, alive)
+        name = started.payload.worker or ""
+        child = self.workers.get(_pid_of(name) or -1)
+        if child is None:
+            raise DemoError(f"{name!r}, not W1 or W2, took {tail.scope.describe()} over")
+        return started, child
+
+    def _taken(
+        self,
+        tail: _Tail,
+        started: RunStarted,
+        child: _Child,
+        reason: Literal["abandoned", "signalled"],
+    ) -> TakenOver:
+        silent = (started.at - tail.before(started).at).total_seconds()
+        return TakenOver(
+            who=child.label,
+            worker=started.payload.worker or "",
+            session_id=tail.scope.session_id,
+            reason=reason,
+            turns=len(tail.turns(before=started.seq)),
+            silent_s=silent,
+        )
+
+    # -- a run whose process dies, then whose worker dies --------------------------------------
+
+    async def _research(self, w1: _Child, w2: _Child) -> tuple[Unattended, _Child]:
+        """The run of a process SIGKILLed mid-run, taken over by one worker, which is
+        SIGKILLed in turn, and finished by the other; returns it and that other."""
+        session_id = new_id("sess")
+        tail = _Tail(self.runtime, session_id)
+        runner = self._start_run_process(session_id)
+
+        async def turns_reached() -> int | None:
+            await tail.read()
+            turns = tail.turns()
+            return turns[-1] if len(turns) >= UNATTENDED_KILL_AFTER else None
+
+        what = f"turn {UNATTENDED_KILL_AFTER} of {session_id}"
+        turn = await self._wait(what, turns_reached, (runner, w1, w2))
+        await self._kill(runner, tail, turn)
+
+        started, first = await self._taker(
+            tail, (), (w1, w2), "a worker to take over the run of the killed process"
+        )
+        self.s.report(self._taken(tail, started, first, "abandoned"))
+
+        async def progressed() -> int | None:
+            await tail.read()
+            if any(isinstance(e, RunFinished) for e in tail.events):
+                raise DemoError(
+                    f"{first.label} finished {session_id} before the demo could kill it"
+                )
+            turns = tail.turns(started.run_id)
+            return turns[-1] if turns else None
+
+        turn = await self._wait(f"{first.label} to record a turn", progressed, (w1, w2))
+        await self._kill(first, tail, turn)
+
+        other = w2 if first is w1 else w1
+        again, second = await self._taker(
+            tail,
+            (started.run_id,),
+            (other,),
+            f"{other.label} to take over the run of {first.label}",
+        )
+        self.s.report(self._taken(tail, again, second, "abandoned"))
+
+        async def finished() -> str | None:
+            status = await tail.status()
+            if status in ("failed", "stuck"):
+                raise DemoError(
+                    f"{session_id} ended {status}, not finished.\n{second.stderr_tail()}"
+                )
+            return status if status == "finished" else None
+
+        await self._wait(f"{second.label} to finish {session_id}", finished, (second,))
+        await tail.read()
+        return await self._unattended(tail, runner), second
+
+    def _start_run_process(self, session_id: str) -> _Child:
+        command = [
+            *LOOMFLOW_CLI,
+            WORKER_COMMAND,
+            "--db",
+            str(self.s.db),
+            "--session-id",
+            session_id,
+            "--backend",
+            self.s.backend,
+            "--model",
+            self.s.model_name,
+            "--lease",
+            f"{UNATTENDED_LEASE_S:g}",
+            "--step",
+            "unattended",
+        ]
+        child = self._spawn(command, "run process")
+        self.s.report(RunProcessStarted(child.proc.pid, session_id, UNATTENDED_LEASE_S))
+        return child
+
+    async def _unattended(self, tail: _Tail, runner: _Child) -> Unattended:
+        """The session's runs beside the calls each process had answered."""
+        calls = await self.s.calls.read()
+        runs: list[ProcessRun] = []
+        recorded = 0
+        for event in tail.events:
+            if not isinstance(event, RunStarted):
+                continue
+            worker = event.payload.worker
+            child = runner if worker is None else self.workers.get(_pid_of(worker) or -1)
+            if child is None:
+                raise DemoError(f"{worker!r}, not W1 or W2, took {tail.scope.describe()} over")
+            pid = child.proc.pid
+            finished = any(
+                isinstance(e, RunFinished) and e.run_id == event.run_id for e in tail.events
+            )
+            turns = tuple(tail.turns(event.run_id))
+            answered = tuple(c.turn for c in calls if c.step == "unattended" and c.pid == pid)
+            ended = (
+                "finished"
+                if finished
+                else "SIGKILL"
+                if child.proc.returncode == -signal.SIGKILL
+                else "stopped"
+            )
+            runs.append(ProcessRun(child.label, pid, recorded, turns, answered, ended))
+            recorded += len(turns)
+        finish = next(e for e in reversed(tail.events) if isinstance(e, RunFinished))
+        return Unattended(
+            session_id=tail.scope.session_id,
+            status=await tail.status(),
+            turns=recorded,
+            output=finish.payload.output,
+            runs=tuple(runs),
+        )
+
+    # -- a run that waits for the editor's approval --------------------------------------------
+
+    async def _approval(self, survivor: _Child) -> None:
+        session_id = new_id("sess")
+        model = make_approver_model(self.s.calls)
+        # The scene's lease, as its workers' runs have: had this process died mid-run, a
+        # worker would take the run over seconds later.
+        async with SqliteRuntime(self.s.db, lease_seconds=UNATTENDED_LEASE_S) as runtime:
+            try:
+                result = await build_approver(runtime, model).run(
+                    APPROVAL_TASK, session_id=session_id
+                )
+            finally:
+                await model.aclose()
+        self.s.report(Waiting(APPROVER, session_id, APPROVAL_TASK, result))
+        if result.stop_reason != "waiting" or result.waiting_for != APPROVAL_SIGNAL:
+            raise DemoError(
+                f"the approver's run ended {result.stop_reason!r} (waiting for "
+                f"{result.waiting_for!r}), not waiting for {APPROVAL_SIGNAL!r}"
+            )
+
+        args = ["signal", session_id, APPROVAL_SIGNAL, "--json", json.dumps(APPROVAL_PAYLOAD)]
+        args += ["--db", _typed(self.s.db)]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [*LOOMFLOW_CLI, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        output = (done.stdout + done.stderr).strip()
+        self.s.report(Signalled(shlex.join(["loomflow", *args]), done.returncode, output))
+        if done.returncode != 0:
+            raise DemoError(f"`loomflow signal` exited with status {done.returncode}: {output}")
+
+        tail = _Tail(self.runtime, session_id)
+        started, taker = await self._taker(
+            tail, (), (survivor,), f"{survivor.label} to resume the approver's run"
+        )
+        if not any(isinstance(e, SignalSent) for e in tail.events):
+            raise DemoError(f"{taker.label} resumed {session_id} before any signal was sent")
+        self.s.report(self._taken(tail, started, taker, "signalled"))
+
+        async def finished() -> str | None:
+            status = await tail.status()
+            return status if status in ("finished", "failed", "stuck") else None
+
+        status = await self._wait(f"{taker.label} to finish {session_id}", finished, (survivor,))
+        await tail.read()
+        approved = self._approved(tail, status)
+        self.s.report(approved)
+        if status != "finished" or approved.tool_result != approved.expected:
+            raise DemoError(
+                f"the approver's run ended {status}, and its tool returned "
+                f"{approved.tool_result!r}, not {approved.expected!r}"
+            )
+
+    def _approved(self, tail: _Tail, status: str) -> Approved:
+        results = [
+            message.content
+            for event in tail.events
+            if isinstance(event, TurnAppended)
+            for message in event.payload.messages
+            if message.role is Role.TOOL
+        ]
+        finish = [e.payload.output for e in tail.events if isinstance(e, RunFinished)]
+        return Approved(
+            session_id=tail.scope.session_id,
+            status=status,
+            tool_result=results[-1] if results else "",
+            expected=editor_answer(APPROVAL_PAYLOAD),
+            output=finish[-1] if finish else "",
+        )
+
+    async def _stop(self, survivor: _Child) -> None:
+        """SIGTERM the surviving worker, as Ctrl-C would: it ends once its runs have."""
+        survivor.proc.send_signal(signal.SIGTERM)
+        try:
+            code = await asyncio.to_thread(survivor.proc.wait, 30)
+        except subprocess.TimeoutExpired as exc:
+            raise DemoError(
+                f"{survivor.label} (pid {survivor.proc.pid}) did not stop within 30 s of "
+                f"SIGTERM.\n{survivor.stderr_tail()}"
+            ) from exc
+        # Each line starts with its time, so sorting interleaves the two workers' logs.
+        lines = sorted(
+            line
+            for child in self.workers.values()
+            for line in child.stderr_text().splitlines()
+            if " loomflow.worker " in line
+        )
+        log = tuple(line.partition(" loomflow.worker ")[2] for line in lines)
+        self.s.report(WorkersStopped(survivor.label, survivor.proc.pid, code, log))
+        if code != 0:
+            raise DemoError(
+                f"{survivor.label} (pid {survivor.proc.pid}) exited with status {code} after "
+                f"SIGTERM, not 0.\n{survivor.stderr_tail()}"
+            )

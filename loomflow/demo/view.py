@@ -19,17 +19,26 @@ from rich.text import Text
 from loomflow.cli import WORKER_COMMAND
 from loomflow.demo.assistant import APPROACH_PROMPTS
 from loomflow.demo.scenario import (
+    Approved,
     Audited,
     CheckpointList,
     Counted,
     DemoError,
     Forked,
     Intro,
+    ProcessKilled,
     Resumed,
     Resuming,
+    RunProcessStarted,
+    Signalled,
     Step,
     Summary,
+    TakenOver,
+    Unattended,
+    Waiting,
     WorkerKilled,
+    WorkersStarted,
+    WorkersStopped,
     WorkerStarted,
     play,
 )
@@ -113,8 +122,31 @@ class DemoView:
             case Summary():
                 self.console.rule("[bold]6 · Summary")
                 self._summary(step)
+            case WorkersStarted():
+                self.console.rule("[bold]7 · Unattended: loomflow worker finishes a run it finds")
+                self._workers_started(step)
+            case RunProcessStarted():
+                self._run_process_started(step)
+            case ProcessKilled():
+                self.console.print(
+                    f"  [bold red]SIGKILL[/] {step.who} (pid {step.pid}) after its turn "
+                    f"{step.turn}; the log holds {step.turns} turns"
+                )
+            case TakenOver():
+                self._taken_over(step)
+            case Unattended():
+                self._unattended(step)
+            case Waiting():
+                self.console.rule("[bold]8 · A run that waits for a person's approval")
+                self._waiting(step)
+            case Signalled():
+                self._signalled(step)
+            case Approved():
+                self._approved(step)
+            case WorkersStopped():
+                self._stopped(step)
             case Counted():
-                self.console.rule("[bold]7 · The log's other readers: stats and audit")
+                self.console.rule("[bold]9 · The log's other readers: stats and audit")
                 self._counted(step)
             case Audited():
                 self._audited(step)
@@ -141,10 +173,14 @@ class DemoView:
         grid.add_row("task", escape(intro.task))
         grid.add_row("reviewer", f"a stop hook that sends the draft back {intro.reviews} times")
         grid.add_row(
-            "plan", f"SIGKILL the worker after {intro.kill_after_turns} turns, resume, fork"
+            "plan",
+            f"SIGKILL the worker after {intro.kill_after_turns} turns, resume, fork; then "
+            "`loomflow worker` processes finish runs nobody resumes",
         )
         self.console.print(
-            Panel(grid, title="loomflow demo · crash, resume, fork", border_style="cyan")
+            Panel(
+                grid, title="loomflow demo · crash, resume, fork, unattended", border_style="cyan"
+            )
         )
 
     def _event(self, event: EventBase) -> None:
@@ -301,7 +337,8 @@ class DemoView:
 
     def _counted(self, counted: Counted) -> None:
         stats = counted.stats
-        table = Table(box=None, padding=(0, 2), title=f"loomflow stats ({counted.stats_db.name})")
+        # padding 1: the approver's model name fits in an 80-column terminal
+        table = Table(box=None, padding=(0, 1), title=f"loomflow stats ({counted.stats_db.name})")
         for column in ("model", "runs", "turns", "tool calls", "tokens in / out", "cost"):
             table.add_column(column, justify="left" if column == "model" else "right")
         for label, c in stats.by("model"):
@@ -383,3 +420,128 @@ class DemoView:
             "restored)"
         )
         self.console.print(f"forked  {forked.session_id}  (parent {forked.parent_session_id})")
+
+    # -- steps 7 and 8: the unattended scene ------------------------------------------------------
+
+    def _workers_started(self, started: WorkersStarted) -> None:
+        c = self.console
+        pids = " and ".join(f"[bold]W{n} pid {pid}[/]" for n, pid in enumerate(started.pids, 1))
+        c.print(f"started two workers, {pids}, each as")
+        c.print(f"  [bold]$ {escape(started.command)}[/]", soft_wrap=True)
+        c.print(
+            f"  [dim]in an environment with {escape(' '.join(started.settings))}[/]", soft_wrap=True
+        )
+        c.print(
+            f"  each hosts {' and '.join(started.agents)}, and looks for runs every "
+            f"{started.poll_seconds:g} s;\n  a run is abandoned once its log has been silent "
+            f"for its lease, {started.lease_seconds:g} s here"
+        )
+
+    def _run_process_started(self, started: RunProcessStarted) -> None:
+        self.console.print(
+            f"started the run process [bold]pid {started.pid}[/] ({WORKER_COMMAND}, lease "
+            f"{started.lease_seconds:g} s)\n  agent.run(task, session_id={started.session_id})"
+        )
+
+    def _taken_over(self, taken: TakenOver) -> None:
+        why = (
+            f"signalled: {taken.silent_s:.1f} s after the signal"
+            if taken.reason == "signalled"
+            else f"abandoned: no event for {taken.silent_s:.1f} s"
+        )
+        self.console.print(
+            f"  [bold green]{taken.who} took the run over[/] at turn {taken.turns} ({why})\n"
+            f"    [dim]run.started payload.worker={escape(taken.worker)}[/]"
+        )
+
+    def _unattended(self, done: Unattended) -> None:
+        table = Table(box=None, padding=(0, 2))
+        table.add_column("process")
+        table.add_column("pid", justify="right")
+        table.add_column("restored", justify="right")
+        table.add_column("recorded", justify="right")
+        table.add_column("calls", justify="right")
+        table.add_column("ended")
+        for run in done.runs:
+            table.add_row(
+                run.who,
+                str(run.pid),
+                str(run.restored_turns),
+                _span(run.turns),
+                str(len(run.calls)),
+                run.ended,
+            )
+        if done.repeated:
+            verdict = (
+                f"[bold red]{_calls_were(done.repeated)} sent again[/] for turns the log "
+                "already held."
+            )
+        else:
+            restored = " + ".join(str(run.restored_turns) for run in done.runs[1:])
+            verdict = (
+                "[bold green]no recorded turn was sent to the model again[/]: the take-overs "
+                f"restored {restored} turns from the log."
+            )
+        if done.sent_again:
+            verdict += (
+                f" {_calls_were(done.sent_again)} in flight at a kill, answered but not "
+                "recorded, so the next run asked again."
+            )
+        lines = Text.from_markup(
+            "[dim]turns the log held when the run began, turns it recorded, and model calls "
+            "its process had answered[/]\n\n"
+            f"{done.session_id}: {done.status}, {done.turns} turns; no command was typed.\n"
+            + verdict
+        )
+        self.console.print(
+            Panel(Group(table, Text(), lines), title="who ran the session", border_style="cyan")
+        )
+        self.console.print(f"unattended {done.session_id}  ({done.turns} turns, {done.status})")
+
+    def _waiting(self, waiting: Waiting) -> None:
+        result = waiting.result
+        self.console.print(
+            f"{waiting.agent}.run(“{escape(_short(waiting.task, 60))}”,\n"
+            f"             session_id={waiting.session_id})  [dim]# in this process[/]\n"
+            f"  its tool awaits wait_for_signal(“{result.waiting_for}”), so the run ends:\n"
+            f"  RunResult.stop_reason={result.stop_reason!r}, waiting_for="
+            f"{result.waiting_for!r}; no process holds it"
+        )
+
+    def _signalled(self, signalled: Signalled) -> None:
+        self.console.print("the editor approves, from a shell:")
+        # soft_wrap: a command is copied whole, so rich must not break it into lines
+        self.console.print(f"  [bold]$ {escape(signalled.command)}[/]", soft_wrap=True)
+        for line in signalled.output.splitlines():
+            self.console.print(f"  {escape(line)}", soft_wrap=True)
+
+    def _approved(self, approved: Approved) -> None:
+        ok = approved.tool_result == approved.expected
+        got = "[green]" if ok else "[red]"
+        self.console.print(
+            f"  the tool returned where it had waited: {got}{escape(approved.tool_result)}[/]"
+        )
+        self.console.print(
+            Panel(
+                escape(approved.output),
+                title=f"approver's answer ({approved.status})",
+                border_style="green" if approved.status == "finished" else "red",
+            )
+        )
+        self.console.print(f"approved   {approved.session_id}  ({approved.status})")
+
+    def _stopped(self, stopped: WorkersStopped) -> None:
+        self.console.print(
+            f"sent SIGTERM to {stopped.who} (pid {stopped.pid}): it exited with status "
+            f"{stopped.exit_status} once its runs had ended"
+        )
+        if stopped.log:
+            self.console.print("[dim]what the workers logged:[/]")
+            for line in stopped.log:
+                self.console.print(f"  [dim]{escape(line)}[/]", soft_wrap=True)
+
+
+def _span(turns: tuple[int, ...]) -> str:
+    if not turns:
+        return "-"
+    return str(turns[0]) if len(turns) == 1 else f"{turns[0]}-{turns[-1]}"

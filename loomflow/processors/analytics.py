@@ -35,12 +35,12 @@ from loomflow.schemas import (
     RunFinished,
     RunStarted,
     SessionErased,
-    SessionForked,
     TranscriptCompacted,
     TurnAppended,
     Usage,
 )
 from loomflow.schemas.codec import decode_event
+from loomflow.schemas.events import CLAIM_TYPES
 
 __all__ = [
     "COUNTS",
@@ -294,15 +294,12 @@ class Verdict:
     duplicate: bool = False
 
 
-_CLAIMS = (RunStarted, SessionForked, SessionErased)
-
-
 def admit(mark: Mark | None, event: Event, *, contiguous: bool = True) -> Verdict:
     """Whether ``event`` counts, given its session's ``mark`` (None: none counted yet).
 
     The rules are the projector's (see ``projections.fold``), so stats and the read model
     agree on what happened: an epoch older than the session's is a stale writer's; a
-    newer one is only taken by a run start, fork or erasure; nothing counts after an
+    newer one is only taken by a run start, fork, erasure or signal; nothing counts after an
     erasure; a seq at or below the last counted one is a redelivery (``duplicate``, not
     counted again). ``contiguous`` (Kafka: the topic is never pruned) also refuses a seq
     that skips ahead, as a forged event would; the embedded log may have gaps where
@@ -320,11 +317,11 @@ def admit(mark: Mark | None, event: Event, *, contiguous: bool = True) -> Verdic
         return Verdict(
             current, f"{where}: writer epoch {event.epoch} is older than {current.epoch}"
         )
-    if event.epoch > current.epoch and mark is not None and not isinstance(event, _CLAIMS):
+    if event.epoch > current.epoch and mark is not None and not isinstance(event, CLAIM_TYPES):
         return Verdict(
             current,
             f"{where}: {event.type} claims epoch {event.epoch} (the session is at "
-            f"{current.epoch}); only a run start, fork or erasure does",
+            f"{current.epoch}); only a run start, fork, erasure or signal does",
         )
     if contiguous and mark is not None and event.seq != mark.last_seq + 1:
         return Verdict(current, f"{where} skips ahead of seq {mark.last_seq + 1}")

@@ -27,6 +27,7 @@ from loomflow.schemas import (
     RunFinished,
     RunStarted,
     SessionErased,
+    SignalSent,
     ToolCall,
     TranscriptCompacted,
     TurnAppended,
@@ -165,6 +166,17 @@ def test_admit_refuses_what_the_projector_refuses_and_skips_redeliveries() -> No
     assert admit(mark, ahead, contiguous=False).mark == Mark(9, 2)  # the embedded log's gaps
     erased = admit(mark, SessionErased(**_envelope(4, epoch=3))).mark
     assert erased.erased and admit(erased, _run(5, RunStarted, epoch=4)).refused
+
+
+def test_a_signal_claims_a_new_epoch_as_the_projector_lets_it() -> None:
+    # a signal takes the session from a waiting run (the fold's CLAIM_TYPES); refused,
+    # it left the mark behind, and on Kafka the worker's resumed run skipped ahead of it
+    mark = Mark(last_seq=5, epoch=1)
+    signal = SignalSent(**_envelope(6, epoch=2), payload={"name": "approve", "data": {"ok": 1}})
+    sent = admit(mark, signal)
+    assert sent.refused is None and sent.mark == Mark(6, 2)
+    resumed = admit(sent.mark, _run(7, RunStarted, epoch=3))
+    assert resumed.refused is None and resumed.mark == Mark(7, 3)
 
 
 @pytest.mark.parametrize(
