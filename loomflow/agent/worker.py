@@ -184,7 +184,7 @@ class Worker:
                     return await self._park(agent, row, reason)
                 last = row.attempts + 1 >= self.max_attempts
                 logger.info(
-                    "worker %s takes over %s (%s, attempt %d of %d)",
+                    "worker %s claims %s (%s, attempt %d of %d)",
                     self.name,
                     scope.describe(),
                     reason,
@@ -200,7 +200,9 @@ class Worker:
                         last_attempt=last,
                     )
                 except (RunTakenError, InvalidEventError) as exc:
-                    logger.info("worker %s: %s is not ours: %s", self.name, scope.describe(), exc)
+                    logger.info(
+                        "worker %s: %s was taken first: %s", self.name, scope.describe(), exc
+                    )
                     return TakeOver(scope.session_id, scope.user_id, reason, "taken", str(exc))
                 except Exception as exc:
                     logger.warning(

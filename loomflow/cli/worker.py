@@ -113,8 +113,12 @@ async def _serve(worker: Any, agents: list[Agent]) -> None:
     try:
         await worker.run(stop)
     finally:
+        # the factory made them for this process: its models and runtimes end with it
         runtimes = {id(a.runtime): a.runtime for a in agents}
         for agent in agents:
             await agent.aclose()
+            closing = getattr(agent.model, "aclose", None)
+            if closing is not None:
+                await closing()
         for runtime in runtimes.values():
             await runtime.close()

@@ -38,7 +38,7 @@ from loomflow.projections import postgres as pg
 from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
 from loomflow.schemas.codec import decode_event
-from loomflow.schemas.events import MAX_EVENT_BYTES
+from loomflow.schemas.events import CLAIM_TYPES, MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
 __all__ = ["DeadLetter", "Projector", "apply_records", "decode_record", "tune_gc"]
@@ -57,7 +57,8 @@ _REFUSED = (
 )
 
 #: events that set a session's epoch or end it: runtimes writing to it must hear of them
-_CLAIMS = frozenset({"run.started", "session.forked", "session.erased"})
+#: (a signal's claim among them: it fences a writer that went silent past its lease)
+_CLAIMS = frozenset(cls.model_fields["type"].default for cls in CLAIM_TYPES)
 
 #: How often a worker refreshes its row in ``processors`` (what runtimes name in errors).
 HEARTBEAT_SECONDS = 2.0

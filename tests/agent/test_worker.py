@@ -96,7 +96,7 @@ async def test_a_worker_finishes_a_sigkilled_run_without_repeating_recorded_call
         worker.send_signal(signal.SIGTERM)
         _, err = await asyncio.to_thread(worker.communicate, timeout=60)
     assert worker.returncode == 0, err
-    assert "takes over" in err and "abandoned" in err
+    assert "claims session s1" in err and "abandoned" in err
 
     calls = Counter(log.read_text().splitlines())
     # model calls 0-6 were recorded before the kill: each ran once; call 7 was in flight
