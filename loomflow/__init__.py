@@ -23,6 +23,7 @@ from loomflow.errors import (
     SerializationError,
     SessionBusyError,
     SessionNotFoundError,
+    SignalRefusedError,
     SignalTimeoutError,
 )
 from loomflow.models.base import Effort
@@ -63,6 +64,7 @@ __all__ = [
     "SessionBusyError",
     "SessionNotFoundError",
     "SessionState",
+    "SignalRefusedError",
     "SignalTimeoutError",
     "SqliteRuntime",
     "TextDelta",

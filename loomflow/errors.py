@@ -19,6 +19,7 @@ __all__ = [
     "SessionBusyError",
     "SessionErasedError",
     "SessionNotFoundError",
+    "SignalRefusedError",
     "SignalTimeoutError",
     "StaleWriterError",
     "StoreClosedError",
@@ -96,6 +97,11 @@ class SessionBusyError(LoomflowError):
     once the run waits, ends or goes silent past its lease, the same call succeeds."""
 
     retriable = True
+
+
+class SignalRefusedError(LoomflowError):
+    """The session has no run in flight to receive a signal (it finished, failed or was
+    parked): a signal kept there would answer some later run's wait that never asked."""
 
 
 class RunTakenError(LoomflowError):

@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -66,6 +66,9 @@ from loomflow.schemas.events import (
     TranscriptCompactedPayload,
     TurnAppendedPayload,
 )
+
+if TYPE_CHECKING:
+    from loomflow.projections.fold import Waiting
 
 __all__ = ["DEFAULT_AGENT_NAME", "Agent"]
 
@@ -488,7 +491,10 @@ class _Run:
         self.agent = agent
         #: where the run this one continues stopped to wait for a signal (resume with no
         #: prompt): it goes on from there, without the continuation nudge
-        self.waited = restored.session.waiting if continuing and restored is not None else None
+        waiting = restored.session.waiting if restored is not None else None
+        self.waited = waiting if continuing else None
+        #: the wait a new prompt ends instead (resume or run with a prompt)
+        self.ended_wait = None if continuing else waiting
         #: a worker's last retry: a failure parks the session (``sessions ls --stuck``)
         self.park_on_failure = park_on_failure
         self.tuning = agent.tuning
@@ -550,6 +556,8 @@ class _Run:
         # a run that stopped in a stop hook to wait goes back into its stop hooks first
         in_hooks = self.waited is not None and self.waited.where == "stop_hook"
         try:
+            if self.ended_wait is not None and self.ended_wait.where == "tool":
+                await self._end_wait(self.ended_wait)
             if not in_hooks:
                 await self._finish_pending_tools()
             if self.waited is None:
@@ -605,6 +613,23 @@ class _Run:
         # wait for the projector at the end of a run); a refusal of any event raises here
         await self.writer.confirm()
         return self._result(output)
+
+    async def _end_wait(self, waiting: Waiting) -> None:
+        """A new prompt for a run that waits in a tool ends the wait: the tool call gets
+        an error result saying so (the model sees it), and the prompt follows it."""
+        call_id = waiting.step_key.split("/", 1)[0].removeprefix("tool:")
+        answered = {m.tool_call_id for m in self.messages if m.role is Role.TOOL}
+        if call_id in answered:
+            return
+        note = (
+            f"the wait for signal {waiting.signal!r} ended without it: the user sent a new "
+            "message instead"
+        )
+        await self._append(
+            [Message.tool(call_id, note, is_error=True)],
+            step_key=f"tool:{call_id}",
+            input_hash=input_hash(["wait ended", waiting.step_key]),
+        )
 
     async def _wait(self, waiting: RunWaitingPayload) -> RunResult:
         """End the run as waiting for a signal: recorded, so a worker resumes it."""

@@ -51,6 +51,16 @@ def due(row: SessionRow) -> Reason | None:
     return None
 
 
+#: how the log says what became of a take-over
+_SAID = {
+    "finished": "finished",
+    "waiting": "waits again",
+    "failed": "failed",
+    "parked": "is parked",
+    "taken": "was taken by another process first",
+}
+
+
 @dataclass(frozen=True)
 class TakeOver:
     """What a worker did with one run: resumed it to an end, parked it, or lost it."""
@@ -107,6 +117,11 @@ class Worker:
         #: what this worker did, in order (for logs, tests and the demo)
         self.done: list[TakeOver] = []
 
+    @property
+    def in_progress(self) -> int:
+        """How many take-overs are running now."""
+        return len(self._tasks)
+
     def _runtimes(self) -> list[Runtime]:
         seen: dict[int, Runtime] = {}
         for agent in self.agents.values():
@@ -147,6 +162,12 @@ class Worker:
         self._busy.discard(key)
         if not task.cancelled() and (outcome := task.result()) is not None:
             self.done.append(outcome)
+            logger.info(
+                "worker %s: %s %s",
+                self.name,
+                Scope(outcome.session_id, outcome.user_id).describe(),
+                _SAID[outcome.outcome],
+            )
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         """Scan every ``poll_seconds`` until ``stop`` is set; then wait for the runs it
@@ -213,6 +234,13 @@ class Worker:
                         exc,
                     )
                     if last:
+                        logger.warning(
+                            "worker %s parked %s after %d attempts: it waits for a person "
+                            "(loomflow sessions ls --stuck)",
+                            self.name,
+                            scope.describe(),
+                            row.attempts + 1,
+                        )
                         return TakeOver(scope.session_id, scope.user_id, reason, "parked", str(exc))
                     # a backoff timer before the next attempt, not a wait for a result
                     await asyncio.sleep(self.backoff_seconds * 2**row.attempts)

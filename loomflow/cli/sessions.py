@@ -449,6 +449,13 @@ async def _show_session(args: argparse.Namespace, runtime: Runtime, out: Console
     head.add_column()
     head.add_row("session", Text(f"{row.session_id} ({_user(row.user_id)})"))
     head.add_row("status", f"{_status(row)}, {row.turns} turns, {row.message_count} messages")
+    if row.status in ("waiting", "signalled") and row.waiting is not None:
+        until = f" until {_time(row.waiting.until)}" if row.waiting.until else ""
+        head.add_row("waits for", Text(f"signal {row.waiting.signal!r}{until}"))
+    if row.inbox:
+        head.add_row("inbox", Text(", ".join(f"{s.name} (seq {s.seq})" for s in row.inbox)))
+    if row.status == "stuck" and row.last_error:
+        head.add_row("error", Text(row.last_error))
     head.add_row("usage", _usage_line(row.usage))
     head.add_row("created", _time(row.created_at))
     head.add_row("last activity", _time(row.updated_at))

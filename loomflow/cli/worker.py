@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Iterable
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
@@ -72,12 +73,18 @@ def load_agents(target: str) -> list[Agent]:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
     if callable(found) and not isinstance(found, Agent):
         found = found()
-        if inspect.isawaitable(found):
+        if inspect.iscoroutine(found):
+            found.close()  # never awaited, on purpose: say so instead of warning
             raise ValueError(f"{target} is a coroutine function; make it a plain function")
-    agents = [found] if isinstance(found, Agent) else list(found or [])
-    wrong = [a for a in agents if not isinstance(a, Agent)]
-    if wrong or not agents:
-        raise ValueError(f"{target} must give an Agent or a list of Agents, got {found!r}")
+    wrong = ValueError(f"{target} must give an Agent or a list of Agents, got {found!r}")
+    if isinstance(found, Agent):
+        return [found]
+    if isinstance(found, str | bytes) or not isinstance(found, Iterable):
+        raise wrong
+    agents = list(found)
+    if not agents or any(not isinstance(a, Agent) for a in agents):
+        raise wrong
+    return agents
     return agents
 
 
@@ -108,8 +115,25 @@ def _worker(args: argparse.Namespace) -> int:
 async def _serve(worker: Any, agents: list[Agent]) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def stopping() -> None:
+        if stop.is_set():  # asked twice: stop now, as a crash would
+            print(
+                "stopping now; the runs in progress are left for another worker",
+                file=sys.stderr,
+                flush=True,
+            )
+            os._exit(130)
+        stop.set()
+        print(
+            f"stopping once {worker.in_progress} run(s) in progress end; Ctrl-C again to "
+            "stop now (they are then left for another worker, after their lease)",
+            file=sys.stderr,
+            flush=True,
+        )
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, stopping)
     try:
         await worker.run(stop)
     finally:

@@ -246,11 +246,14 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 attempts=session.attempts + 1 if p.worker is not None else session.attempts,
             )
         case RunFinished():
-            changes.update(status="finished", waiting=None, attempts=0, last_error=None)
+            # signals not received by the run are dropped with it: a stale "approve"
+            # must never approve the next run's wait
+            changes.update(status="finished", waiting=None, inbox=(), attempts=0, last_error=None)
         case RunFailed(payload=p):
             changes.update(
                 status="stuck" if p.parked else "failed",
                 waiting=None,
+                inbox=(),
                 last_error=f"{p.error_type}: {p.error}"[:500],
             )
         case RunWaiting(payload=p):
@@ -271,8 +274,11 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 usage=session.usage + p.usage,
                 message_count=session.message_count + len(p.messages),
             )
-            if p.model_call and session.waiting is not None:
-                changes["waiting"] = None  # the resumed run went on past where it waited
+            if p.model_call:
+                if session.waiting is not None:
+                    changes["waiting"] = None  # the resumed run went on past where it waited
+                if session.attempts:
+                    changes["attempts"] = 0  # a take-over that makes progress is no failure
             mutations.append(AddTranscript(event.seq, False, p.messages))
         case TranscriptCompacted(payload=p):
             changes.update(

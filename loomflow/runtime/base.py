@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -14,6 +15,7 @@ from loomflow.errors import (
     SerializationError,
     SessionBusyError,
     SessionNotFoundError,
+    SignalRefusedError,
 )
 from loomflow.lifecycle import Resource
 from loomflow.projections.fold import SessionRow
@@ -195,20 +197,26 @@ class Runtime(Resource):
         seq of its ``signal.sent`` event.
 
         The signal stays in the session's inbox until a ``wait_for_signal(name)`` of the
-        session's run receives it: a run that waits for it is resumed by a worker (or by
-        ``agent.resume``); a run that waits for it later receives it then. Sending claims
-        the session (a new epoch), which fences a writer that went silent past its lease.
+        session's run receives it, or the run ends: a run that waits for it is resumed by
+        a worker (or by ``agent.resume``); an abandoned run receives it when it gets to
+        its wait. Sending claims the session (a new epoch), which fences a writer that
+        went silent past its lease.
 
         Raises SessionNotFoundError for an unknown or erased session (of this user),
         SessionBusyError while a live run holds the session (retriable: send it again
-        once the run waits or ends), SerializationError for data that is not JSON or is
-        larger than MAX_SIGNAL_BYTES.
+        once the run waits), SignalRefusedError when no run is in flight (the session
+        finished, failed or is stuck), SerializationError for data that is not JSON
+        (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise ValueError(
                 f"a signal name must be a non-empty string of <= 200 characters, not {name!r}"
             )
-        size = len(dumps(data))  # raises SerializationError for what JSON cannot hold
+        try:  # JSON as the standard has it: no NaN or infinities, no dates or sets
+            json.dumps(data, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise SerializationError(f"signal {name!r}: its payload is not JSON: {exc}") from exc
+        size = len(dumps(data))  # and str keys only, as every event's JSON has them
         if size > MAX_SIGNAL_BYTES:
             raise SerializationError(
                 f"signal {name!r} carries {size} bytes of JSON; the limit is {MAX_SIGNAL_BYTES}: "
@@ -219,8 +227,12 @@ class Runtime(Resource):
             row = await self._store.session(scope)
             if row is None or row.status == "erased":
                 raise SessionNotFoundError(
-                    f"no session {scope.describe()} to signal; list them with "
-                    "`loomflow sessions ls`"
+                    f"no {scope.describe()} to signal; list them with `loomflow sessions ls`"
+                )
+            if row.status in ("finished", "failed", "stuck"):
+                raise SignalRefusedError(
+                    f"{scope.describe()} has no run in flight to receive signal {name!r} "
+                    f"(it is {row.status}); signals go to a run that waits, or that will"
                 )
             if row.status == "running" and not abandoned(row, self.lease_seconds):
                 raise SessionBusyError(

@@ -23,6 +23,7 @@ from loomflow import (
     SessionBusyError,
     SessionNotFoundError,
     SessionState,
+    SignalRefusedError,
     Tuning,
     wait_for_signal,
 )
@@ -224,16 +225,91 @@ async def test_a_waiting_run_exits_and_continues_with_the_signal_on_a_worker(
     assert request[-1].role.value == "tool" and "approved=True for 5" in request[-1].content
 
 
-async def test_a_signal_sent_before_the_wait_is_kept_and_delivered(tmp_path: Path) -> None:
+async def test_a_signal_sent_while_no_process_runs_the_session_is_kept_and_delivered(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    dead = SqliteRuntime(db, lease_seconds=0.5)
+    # a run that claimed the session, and whose process then died before its first turn
+    await dead.open_session(Scope("pay"), run_id="run_dead", agent="agent")
+    await dead.close()
+    runtime = SqliteRuntime(db)
+    seen: list[Any] = []
+    agent = approval_agent(runtime, seen)
+    await eventually(
+        lambda: _abandoned_row(runtime, "pay"), within=10, what="the dead run's lease to pass"
+    )
+    await agent.signal("pay", "approve", {"ok": False})  # before the run ever waited
+    worker = Worker([agent])
+    # the signal's event is the session's newest: the run is abandoned again a lease later
+    tasks = await eventually(worker.scan, within=10, what="the worker to find the run")
+    await asyncio.gather(*tasks)
+    row = await runtime.store.session(Scope("pay"))
+    await runtime.close()
+    # the resumed run got to its wait and found the signal there: it never waited
+    assert [(o.reason, o.outcome) for o in worker.done] == [("abandoned", "finished")]
+    assert seen == [{"ok": False}]
+    assert row is not None and row.status == "finished" and row.inbox == ()
+
+
+async def test_signals_go_only_to_runs_in_flight_and_end_with_them(tmp_path: Path) -> None:
     db = tmp_path / "journal.db"
     runtime = SqliteRuntime(db)
     seen: list[Any] = []
     agent = approval_agent(runtime, seen, greet=True)
-    await agent.run("Hi.", session_id="pay")
-    await agent.signal("pay", "approve", {"ok": False})
-    result = await agent.run("Pay invoice 8.", session_id="pay")
+    await agent.run("Hi.", session_id="pay")  # finished: no run to receive a signal
+    with pytest.raises(SignalRefusedError, match="no run in flight"):
+        await agent.signal("pay", "approve", {"ok": True})
+    waiting = await agent.run("Pay invoice 8.", session_id="pay")
+    assert waiting.stop_reason == "waiting"
+    # a double click: two approvals for one wait
+    await agent.signal("pay", "approve", {"ok": True})
+    await agent.signal("pay", "approve", {"ok": True})
+    result = await agent.resume(session_id="pay")
+    row = await runtime.store.session(Scope("pay"))
     await runtime.close()
-    assert result.stop_reason == "completed" and seen == [{"ok": False}]
+    assert result.stop_reason == "completed" and seen == [{"ok": True}]
+    # the second approval ended with the run: it cannot approve a later run's wait
+    assert row is not None and row.inbox == ()
+
+
+async def test_a_new_prompt_ends_a_wait_in_a_tool(tmp_path: Path) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    seen: list[Any] = []
+    agent = approval_agent(runtime, seen)
+    assert (await agent.run("Pay invoice 7.", session_id="pay")).stop_reason == "waiting"
+    result = await agent.resume("Actually, cancel invoice 7.", session_id="pay")
+    state = await runtime.restore(Scope("pay"))
+    await runtime.close()
+    assert result.stop_reason == "completed" and seen == []
+    assert state is not None
+    tool, prompt = state.messages[-3], state.messages[-2]
+    assert tool.role.value == "tool" and tool.is_error and "ended without it" in tool.content
+    assert prompt.content == "Actually, cancel invoice 7."
+
+
+def test_a_take_over_that_makes_progress_is_not_counted_as_a_failed_attempt() -> None:
+    from loomflow.projections.fold import fold
+    from loomflow.schemas import RunStarted, TurnAppended
+    from loomflow.schemas.events import RunStartedPayload, TurnAppendedPayload
+
+    row = None
+    seq = 0
+
+    def apply(event_type: Any, payload: Any, epoch: int) -> None:
+        nonlocal row, seq
+        seq += 1
+        row, _ = fold(
+            row, event_type(session_id="s", run_id="r", seq=seq, epoch=epoch, payload=payload)
+        )
+
+    apply(RunStarted, RunStartedPayload(worker="w1"), 1)
+    apply(RunStarted, RunStartedPayload(worker="w2"), 2)
+    assert row is not None and row.attempts == 2
+    apply(TurnAppended, TurnAppendedPayload(messages=[], model_call=True), 2)
+    apply(RunStarted, RunStartedPayload(worker="w3"), 3)
+    assert row is not None and row.attempts == 1
 
 
 async def test_bad_signals_are_typed_errors_and_change_nothing(tmp_path: Path) -> None:
@@ -251,6 +327,9 @@ async def test_bad_signals_are_typed_errors_and_change_nothing(tmp_path: Path) -
         await agent.signal("pay", "approve", "x" * 70_000, user_id="alice")
     with pytest.raises(SerializationError):
         await agent.signal("pay", "approve", {1, 2}, user_id="alice")
+    for not_json in (float("nan"), {"k": float("inf")}, {1: "int key"}):
+        with pytest.raises(SerializationError):
+            await agent.signal("pay", "approve", not_json, user_id="alice")
     assert await runtime.store.session(Scope("pay", "alice")) == before
     await runtime.close()
 
@@ -387,3 +466,11 @@ async def test_a_factory_that_does_not_import_is_a_clear_error() -> None:
     _, err = await asyncio.to_thread(worker.communicate, timeout=60)
     assert worker.returncode == 2
     assert err.strip().startswith("loomflow worker: cannot import 'no_such_module_here'")
+
+
+def test_a_factory_that_gives_no_agents_is_a_clear_error() -> None:
+    from loomflow.cli.worker import load_agents
+
+    for target in ("os:sep", "os:getpid", "tests.support.resume_worker"):
+        with pytest.raises(ValueError, match=r"Agent|module:factory"):
+            load_agents(target)
