@@ -750,7 +750,7 @@ class _Run:
                 logger.info("tool %s raised %s: %s", call.name, type(exc).__name__, exc)
                 content, is_error = f"{type(exc).__name__}: {exc}", True
             else:
-                content = self._tool_content(call.name, value)
+                content, is_error = self._tool_content(call.name, value)
             finally:
                 Journal.deactivate(token)
         await self._append(
@@ -760,16 +760,22 @@ class _Run:
         )
 
     @staticmethod
-    def _tool_content(name: str, value: Any) -> str:
+    def _tool_content(name: str, value: Any) -> tuple[str, bool]:
+        """A tool's value as the text of its result, and whether it is an error. A value
+        JSON cannot hold is the tool's error, recorded like any other: raised instead,
+        it would fail the run before the result is recorded, and every resume would run
+        the tool's side effect again and fail again."""
         if isinstance(value, str):
-            return value
+            return value, False
         try:
-            return dumps(value).decode()
+            return dumps(value).decode(), False
         except SerializationError as exc:
-            raise SerializationError(
-                f"tool {name!r} returned a {type(value).__name__}, which is not "
-                "JSON-serialisable; return str, numbers, bool, None, lists or dicts"
-            ) from exc
+            logger.warning("tool %s returned what JSON cannot hold: %s", name, exc)
+            return (
+                f"SerializationError: tool {name!r} returned a {type(value).__name__}, which "
+                f"is not JSON ({exc}); return str, numbers, bool, None, lists or dicts",
+                True,
+            )
 
     # -- structured output --------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import math
 import pickle
 import uuid
 from collections.abc import Callable
@@ -42,11 +43,31 @@ Serializer = Literal["json", "pickle"]
 
 
 def dumps(value: Any) -> bytes:
-    """Encode plain JSON (str keys, no NaN); raise SerializationError otherwise."""
+    """Encode plain JSON (str keys, no NaN or infinities); raise SerializationError
+    otherwise."""
     try:
-        return orjson.dumps(value)
+        encoded = orjson.dumps(value)
     except TypeError as exc:
         raise SerializationError(f"value is not JSON-serialisable: {exc}") from exc
+    # orjson writes NaN and infinities as null: only a value whose JSON holds a null can
+    # hold one, so the others skip the walk
+    if b"null" in encoded and _non_finite(value):
+        raise SerializationError("value holds NaN or an infinity, which JSON cannot hold")
+    return encoded
+
+
+def _non_finite(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
 
 
 def loads(data: bytes | str) -> Any:

@@ -598,19 +598,31 @@ class RuntimeConformance(RunKeywords, Suite):
         assert heard == logged and heard.count(doubted[0]) == 1
         assert result.turns == 3
 
-    async def test_non_json_tool_result_is_a_typed_error_and_loses_nothing(
-        self, new_runtime: Opened[Runtime]
+    @pytest.mark.parametrize(
+        "value", [object(), {1, 2}, b"bytes", {1: "int key"}, float("nan"), [float("inf")]]
+    )
+    async def test_a_tool_value_json_cannot_hold_is_a_recorded_tool_error(
+        self, new_runtime: Opened[Runtime], value: object
     ) -> None:
+        runs: list[int] = []
+
         def fetch() -> object:
-            """Return something JSON cannot hold."""
-            return object()
+            """Return something JSON cannot hold (after a side effect)."""
+            runs.append(1)
+            return value
 
         model = ScriptedModel([ScriptedModel.tool_call("fetch"), "done"])
         agent = Agent("x", model=model, runtime=new_runtime(), tools=[fetch])
-        with pytest.raises(SerializationError, match="fetch"):
-            await agent.run("go", session_id="s1")
+        result = await agent.run("go", session_id="s1")
+        assert result.output == "done"
         state = await new_runtime().restore(Scope("s1"))
-        assert state is not None and state.turns == 1  # the model turn before it is kept
+        assert state is not None
+        tool = next(m for m in state.messages if m.role is Role.TOOL)
+        assert tool.is_error and "SerializationError" in tool.content and "fetch" in tool.content
+        # recorded: a resume replays it instead of running the side effect again
+        again = Agent("x", model=ScriptedModel(["ok"] * 4), runtime=new_runtime(), tools=[fetch])
+        await again.resume(session_id="s1")
+        assert runs == [1]
 
     @pytest.mark.parametrize("bad", ["", "a b", "x" * 300, "../x", "é"])
     async def test_invalid_ids_are_rejected(self, runtime: Runtime, bad: str) -> None:

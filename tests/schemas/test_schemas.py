@@ -152,6 +152,15 @@ def test_tagged_json_refuses_what_it_cannot_hold() -> None:
         encode_value({1: "int key"})
 
 
+def test_plain_json_refuses_nan_and_infinities_it_would_write_as_null() -> None:
+    from loomflow.schemas.codec import dumps
+
+    for value in (float("nan"), [1.0, float("inf")], {"a": {"b": -float("inf")}}):
+        with pytest.raises(SerializationError, match="NaN"):
+            dumps(value)
+    assert dumps({"a": None, "b": [1.5, None]}) == b'{"a":null,"b":[1.5,null]}'
+
+
 def test_pickle_is_opt_in_and_never_loaded_from_a_json_store() -> None:
     stored = encode_value({"a"}, "pickle")
     assert decode_value(stored, "pickle") == {"a"}
