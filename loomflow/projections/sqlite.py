@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -225,7 +226,7 @@ def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3
         if not create and _version(conn) is None:
             conn.close()
             raise StoreError(f"{path} is not a loomflow store (it has no loomflow tables)")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = _wal(conn, busy_timeout_ms)
         conn.execute("PRAGMA synchronous = NORMAL")
         migrate(conn)
     except sqlite3.DatabaseError as exc:
@@ -234,6 +235,25 @@ def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3
         conn.close()
         raise StoreError(f"{path}: SQLite refused WAL mode (got {mode})")
     return conn
+
+
+def _wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
+    """Switch the file to WAL mode; the journal mode of the database, as SQLite says.
+
+    SQLite does not wait (busy_timeout) for a journal mode change: two processes opening
+    the same new file at once would see "database is locked". So this tries again, with
+    backoff, for up to the busy timeout. It runs on the store's own thread.
+    """
+    deadline = time.monotonic() + busy_timeout_ms / 1000
+    delay = 0.005
+    while True:
+        try:
+            return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)  # backoff while another connection switches the file
+        delay = min(delay * 2, 0.1)
 
 
 def ts(moment: datetime) -> str:

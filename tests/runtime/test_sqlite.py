@@ -198,3 +198,14 @@ async def test_a_closed_store_refuses_appends(tmp_path: Path) -> None:
     await runtime.close()
     with pytest.raises(StoreError, match="closed"):
         await runtime.store.append([turn])
+
+
+async def test_processes_opening_one_new_file_at_once_all_get_it(tmp_path: Path) -> None:
+    # SQLite does not wait for a journal mode change: before the store tried again, two
+    # runtimes opening a new file together could fail with "database is locked"
+    for trial in range(30):
+        path = tmp_path / f"new-{trial}.db"
+        stores = [SqliteStore(path) for _ in range(6)]
+        await asyncio.gather(*(store.open() for store in stores))
+        for store in stores:
+            await store.close()
