@@ -223,12 +223,8 @@ class Runtime(Resource):
                 "send a reference (an id, a URL) instead of the data"
             )
         payload = SignalSentPayload(name=name, data=data)
-        for _ in range(8):
-            row = await self._store.session(scope)
-            if row is None or row.status == "erased":
-                raise SessionNotFoundError(
-                    f"no {scope.describe()} to signal; list them with `loomflow sessions ls`"
-                )
+
+        def receivable(row: SessionRow) -> None:
             if row.status in ("finished", "failed", "stuck"):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "
@@ -240,21 +236,20 @@ class Runtime(Resource):
                     "delivered to a run that waits for it or to an idle session: send it "
                     "again once the run waits or ends"
                 )
-            event = SignalSent(
-                user_id=scope.user_id,
-                session_id=scope.session_id,
-                run_id=row.last_run_id or new_id("run"),
-                seq=row.last_seq + 1,
-                epoch=row.epoch + 1,
-                payload=payload,
+
+        try:
+            seq = await self._store.append_admin(
+                scope, SignalSent, payload, claim=True, check=receivable
             )
-            try:
-                await self._store.append([event])
-                await self._store.confirm(scope)
-            except SequenceConflictError:
-                continue  # the session moved on between our read and write: look again
-            return event.seq
-        raise SessionBusyError(f"{scope.describe()} keeps changing; send the signal again")
+        except SequenceConflictError:
+            raise SessionBusyError(
+                f"{scope.describe()} keeps changing; send the signal again"
+            ) from None
+        if seq is None:
+            raise SessionNotFoundError(
+                f"no {scope.describe()} to signal; list them with `loomflow sessions ls`"
+            )
+        return seq
 
     async def fork_origin(self, parent: Scope, checkpoint_id: str) -> SessionForkedPayload:
         """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage and the

@@ -88,6 +88,10 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
 _MAX_WATCHED = 4096
 
 _Key = tuple[str | None, str]
+#: events that claim the session for a new writer: earlier refusals were for earlier runs
+#: (an erasure claims too, but nothing comes after it)
+_NEW_RUN = (RunStarted, SessionForked, SignalSent)
+
 #: events handed to the producer, with the futures of their acknowledgements
 _Sending = tuple[list[Event], list["asyncio.Future[Any]"]]
 
@@ -339,7 +343,7 @@ class KafkaStore(EventStore):
             self._check(event)
         for event in events:
             watch = self._watch((event.user_id, event.session_id))
-            if isinstance(event, RunStarted | SessionForked | SignalSent):
+            if isinstance(event, _NEW_RUN):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
@@ -381,9 +385,7 @@ class KafkaStore(EventStore):
         watch = self._watches.get((event.user_id, event.session_id))
         if watch is None:
             return
-        if watch.refusal is not None and not isinstance(
-            event, RunStarted | SessionForked | SignalSent
-        ):
+        if watch.refusal is not None and not isinstance(event, _NEW_RUN):
             raise _refusal(*watch.refusal)
         scope = Scope(event.session_id, event.user_id)
         if watch.erased:
@@ -660,7 +662,7 @@ class KafkaStore(EventStore):
                     events += row.last_seq
                 continue
             old = [c.checkpoint_id for c in kept if c.created_at < before]
-            if old and await self._append_admin(scope, CheckpointsPruned, {"checkpoint_ids": old}):
+            if old and await self.append_admin(scope, CheckpointsPruned, {"checkpoint_ids": old}):
                 checkpoints += len(old)
         return PruneResult(sessions=sessions, checkpoints=checkpoints, events=events)
 

@@ -111,21 +111,36 @@ class EventStore(Resource, ABC):
         """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
         scope = Scope.of(session_id, user_id)
         payload = SessionErasedPayload(reason="erase requested")
-        return await self._append_admin(scope, SessionErased, payload)
+        return await self.append_admin(scope, SessionErased, payload) is not None
 
-    async def _append_admin(self, scope: Scope, cls: type[Event], payload: Any) -> bool:
-        """Append one event outside any run, at the session's current epoch (so it fences
-        nobody); False when the session does not exist or was erased."""
+    async def append_admin(
+        self,
+        scope: Scope,
+        cls: type[Event],
+        payload: Any,
+        *,
+        claim: bool = False,
+        check: Callable[[SessionRow], None] | None = None,
+    ) -> int | None:
+        """Append one event outside any run, right after the session's last one; return
+        its seq, or None when the session does not exist or was erased.
+
+        It is written at the session's current epoch (it fences nobody), or with
+        ``claim`` at the next one (a claiming event: a signal). ``check`` sees the row
+        first and raises to refuse; it sees it again each time a writer got in first.
+        """
         for _ in range(8):
             row = await self.session(scope)
             if row is None or row.status == "erased":
-                return False
+                return None
+            if check is not None:
+                check(row)
             event = cls(
                 user_id=scope.user_id,
                 session_id=scope.session_id,
                 run_id=new_id("run"),
                 seq=row.last_seq + 1,
-                epoch=row.epoch,
+                epoch=row.epoch + 1 if claim else row.epoch,
                 payload=payload,
             )
             try:
@@ -133,7 +148,7 @@ class EventStore(Resource, ABC):
                 await self.confirm(scope)
             except SequenceConflictError:
                 continue  # a writer appended meanwhile: go again after it
-            return True
+            return event.seq
         raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
 
     async def setup(self) -> None:
