@@ -48,6 +48,7 @@ from loomflow.schemas import (
     RunFinished,
     RunHeartbeat,
     RunResult,
+    RunStarted,
     RunWaiting,
     StopReason,
     ToolCall,
@@ -495,6 +496,11 @@ class _Run:
         self.waited = waiting if continuing else None
         #: the wait a new prompt ends instead (resume or run with a prompt)
         self.ended_wait = None if continuing else waiting
+        #: the run this one took the session from while it ran, when this one brings a
+        #: prompt of its own (a continuation goes on with the interrupted run's work)
+        claim = writer.opened[-1] if writer.opened else None
+        interrupted = claim.payload.interrupted if isinstance(claim, RunStarted) else None
+        self.interrupted = None if continuing else interrupted
         #: a worker's last retry: a failure parks the session (``sessions ls --stuck``)
         self.park_on_failure = park_on_failure
         self.tuning = agent.tuning
@@ -561,11 +567,7 @@ class _Run:
             if not in_hooks:
                 await self._finish_pending_tools()
             if self.waited is None:
-                opening: list[Message] = []
-                if not self.messages:
-                    opening.append(Message.system(self.agent.instructions))
-                opening.append(Message.user(self._with_schema_note(prompt)))
-                await self._append(opening, durable=False)
+                await self._open(prompt)
             hook_iterations = 0
             while True:
                 if in_hooks:
@@ -613,6 +615,32 @@ class _Run:
         # wait for the projector at the end of a run); a refusal of any event raises here
         await self.writer.confirm()
         return self._result(output)
+
+    async def _open(self, prompt: str) -> None:
+        """Record the run's prompt (after the instructions, in a new session).
+
+        When this run took the session from a run that had recorded its prompt but never
+        answered it (its process died, or another resume took the session while it ran):
+        the same prompt again (a program run again after a crash) is that prompt, now
+        answered, not a second copy; another prompt follows a note of the unanswered one,
+        so the model and a reader of the transcript see what happened instead of two
+        requests in a row.
+        """
+        text = self._with_schema_note(prompt)
+        opening: list[Message] = []
+        if not self.messages:
+            opening.append(Message.system(self.agent.instructions))
+        elif self.interrupted is not None and self.messages[-1].role is Role.USER:
+            if self.messages[-1].content == text:
+                return
+            opening.append(
+                Message.assistant(
+                    f"[no answer: run {self.interrupted} was interrupted before it answered "
+                    f"this; run {self.writer.run_id} took the session over with the next message]"
+                )
+            )
+        opening.append(Message.user(text))
+        await self._append(opening, durable=False)
 
     async def _end_wait(self, waiting: Waiting) -> None:
         """A new prompt for a run that waits in a tool ends the wait: the tool call gets

@@ -187,7 +187,8 @@ def describe(event: Event) -> str:
             return " | ".join(parts)
         case RunStarted(payload=p):
             text = p.mode + (f" from {p.from_checkpoint}" if p.from_checkpoint else "")
-            return text + (f" by worker {p.worker}" if p.worker else "")
+            text += f" by worker {p.worker}" if p.worker else ""
+            return text + (f", interrupting run {p.interrupted}" if p.interrupted else "")
         case RunWaiting(payload=p):
             until = f" until {p.until:%Y-%m-%d %H:%M:%S} UTC" if p.until else ""
             return f"for signal {p.signal!r} in a {p.where.replace('_', ' ')}{until}"

@@ -139,23 +139,29 @@ class Runtime(Resource):
     ) -> SessionWriter:
         """Claim the session for one writer (a new epoch) and record that a run started
         (with the name of the ``model`` it calls and of the ``agent`` it belongs to, when
-        given: analytics count runs per model, and a resume needs the agent).
+        given: analytics count runs per model, and a resume needs the agent). A run the
+        session still had running is named as ``interrupted``: from here on its writes
+        are refused (StaleWriterError), and this event records how it ended.
 
         ``claim_after`` makes the claim conditional: it is written only right after that
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
         """
-        started = RunStartedPayload(
-            mode=mode,
-            from_checkpoint=from_checkpoint,
-            metadata=metadata or {},
-            model=model,
-            agent=agent,
-            lease_seconds=self.lease_seconds,
-            worker=worker,
-        )
         for _ in range(8):
             row = await self._store.session(scope)
+            started = RunStartedPayload(
+                mode=mode,
+                from_checkpoint=from_checkpoint,
+                metadata=metadata or {},
+                model=model,
+                agent=agent,
+                lease_seconds=self.lease_seconds,
+                worker=worker,
+                # a run still in flight ends with this claim: its writer is fenced
+                interrupted=row.last_run_id
+                if row is not None and row.status == "running"
+                else None,
+            )
             if fork is not None and row is not None:
                 raise InvalidIdError(f"fork target {scope.describe()} already exists")
             if claim_after is not None and (row is None or row.last_seq != claim_after):

@@ -95,6 +95,10 @@ class RunStartedPayload(BaseModel):
     lease_seconds: float | None = _optional(gt=0, allow_inf_nan=False)
     #: the worker that took the run over (``loomflow worker``), None for a caller's run
     worker: str | None = _optional()
+    #: the run that was still running when this one claimed the session (a crashed or
+    #: abandoned run, or a live one another resume took the session from): it ends here,
+    #: fenced, and this event is the record of its end
+    interrupted: Id | None = _optional()
 
 
 class RunFinishedPayload(BaseModel):

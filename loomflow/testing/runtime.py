@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -793,6 +794,46 @@ class RuntimeConformance(RunKeywords, Suite):
         await fresh.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("mine")]))
         state = await new_runtime().restore(scope)
         assert state is not None and [m.content for m in state.messages] == ["mine"]
+
+    async def test_a_run_that_loses_the_session_mid_pass_is_named_and_its_prompt_marked(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        """Two resumes of one session at once: the one that claims last wins, the other's
+        next write raises StaleWriterError. The winner's run.started names the run it
+        interrupted, and the loser's prompt, already in the log, is marked as never
+        answered instead of standing as a second user turn in a row."""
+
+        def agent(model: ScriptedModel) -> Agent:
+            return Agent("You help.", model=model, runtime=new_runtime())
+
+        await agent(ScriptedModel(["one"])).run("hello", session_id="s1")
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def held(messages: Sequence[Message]) -> None:
+            entered.set()
+            await release.wait()
+
+        loser = agent(ScriptedModel(["one", "lost"], on_call=held))
+        losing = asyncio.create_task(loser.resume("first question", session_id="s1"))
+        await entered.wait()  # its prompt is in the log, its model call in flight
+        winner = agent(ScriptedModel(lambda messages: "kept"))
+        result = await winner.resume("second question", session_id="s1")
+        release.set()
+        with pytest.raises(StaleWriterError):
+            await losing
+        assert result.output == "kept"
+
+        events = await new_runtime().store.read_events(Scope("s1"))
+        runs = [e for e in events if e.type == "run.started"]
+        assert [r.payload.interrupted for r in runs] == [None, None, runs[1].run_id]
+        state = await new_runtime().restore(Scope("s1"))
+        assert state is not None
+        roles = [m.role for m in state.messages]
+        assert all(not (a is b is Role.USER) for a, b in itertools.pairwise(roles))
+        marker = state.messages[-3]
+        assert marker.role is Role.ASSISTANT and runs[1].run_id in marker.content
+        assert [m.content for m in state.messages[-4::2]] == ["first question", "second question"]
+        assert "lost" not in [m.content for m in state.messages]
 
     # --- retention, prune, erase -----------------------------------------------------------
 

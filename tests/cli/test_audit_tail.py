@@ -14,7 +14,10 @@ import orjson
 import pytest
 
 from loomflow.cli import main
+from loomflow.cli.tail import describe
 from loomflow.runtime import SqliteRuntime
+from loomflow.schemas import RunStarted
+from loomflow.schemas.events import RunStartedPayload
 from tests.support.scenario import Research
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -180,3 +183,14 @@ def test_audit_and_stats_keep_their_own_positions_in_the_embedded_log(
     )
     code, out = _cli("audit", "--db", str(db), capsys=capsys)
     assert code == 0 and f"audited {end - audited} new records" in out, out
+
+
+def test_tail_names_the_run_a_new_claim_interrupted() -> None:
+    event = RunStarted(
+        session_id="s1",
+        run_id="run2",
+        seq=9,
+        epoch=2,
+        payload=RunStartedPayload(mode="resume", interrupted="run1"),
+    )
+    assert describe(event) == "resume, interrupting run run1"

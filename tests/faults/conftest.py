@@ -3,9 +3,17 @@ counts RELIABILITY.md reports with ``pytest tests/faults --soak``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+import asyncpg
 import pytest
+
+from loomflow.runtime import PostgresRuntime, Runtime, SqliteRuntime
+from tests.support.kafka_env import KafkaEnv
+from tests.support.services import postgres_dsn
 
 #: how many trials a scenario runs: ``trials(ci=5, soak=50)``
 Trials = Callable[..., int]
@@ -32,3 +40,53 @@ def trials(request: pytest.FixtureRequest) -> Trials:
         return soak if soaking else ci
 
     return count
+
+
+@dataclass
+class Place:
+    """Where a trial's agent runs: the child's command-line flag, its LOOMFLOW_*
+    variables, and a runtime on the same storage for the process that resumes."""
+
+    name: str
+    flag: list[str]
+    variables: dict[str, str]
+    runtime: Callable[[Path], Runtime]
+    #: the events a runtime may report before the log acknowledged them (Kafka sends a
+    #: prompt without waiting; the next append waits for it)
+    sends_ahead: bool = False
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("kafka", marks=pytest.mark.kafka),
+    ]
+)
+async def place(request: pytest.FixtureRequest) -> AsyncIterator[Place]:
+    name = request.param
+    if name == "sqlite":
+        yield Place(name, [], {}, lambda db: SqliteRuntime(db))
+    elif name == "postgres":
+        schema = f"lf_test_{secrets.token_hex(6)}"
+        dsn = postgres_dsn()
+        yield Place(
+            name,
+            ["--postgres"],
+            {"LOOMFLOW_POSTGRES_DSN": dsn, "LOOMFLOW_SCHEMA": schema},
+            lambda db: PostgresRuntime(dsn, schema=schema),
+        )
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+    else:
+        env = await KafkaEnv.create()
+        await env.start_projector()
+        try:
+            yield Place(
+                name, ["--kafka"], env.variables(), lambda db: env.runtime(), sends_ahead=True
+            )
+        finally:
+            await env.close()

@@ -1,11 +1,12 @@
 """A research agent in its own process, for tests that SIGKILL it or run many at once.
 
-``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--lease S] [--kafka]``:
-runs the research agent on ``SqliteRuntime(DB)``, or on ``KafkaRuntime()`` configured by
-the LOOMFLOW_* variables alone, as a user's process would be. Every model and tool
-call is appended to LOG as a line (``model <assistant messages in request>`` or
-``tool <name>:<arg>``) before it runs. With ``--hang-at N`` the N-th model call prints
-``HANGING`` and never returns.
+``python -m tests.support.crash_worker DB SESSION LOG [--hang-at N] [--lease S]
+[--kafka | --postgres] [--latency S]``: runs the research agent on ``SqliteRuntime(DB)``,
+or on ``KafkaRuntime()`` / ``PostgresRuntime()`` configured by the LOOMFLOW_* variables
+alone, as a user's process would be. Every model and tool call is appended to LOG as a
+line (``model <assistant messages in request>`` or ``tool <name>:<arg>``) before it
+runs, and every event the runtime acknowledged as ``event <seq> <event_id>`` once it
+has. With ``--hang-at N`` the N-th model call prints ``HANGING`` and never returns.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from loomflow import Agent, Message, Role
-from loomflow.runtime import KafkaRuntime, Runtime, SqliteRuntime
+from loomflow.runtime import KafkaRuntime, PostgresRuntime, Runtime, SqliteRuntime
+from loomflow.schemas import EventBase
 from tests.support.scenario import Research
 
 
@@ -29,11 +31,16 @@ def _log(path: Path, line: str) -> None:
 
 
 def logged_agent(
-    research: Research, runtime: Runtime, log: Path, hang_at: int | None = None
+    research: Research,
+    runtime: Runtime,
+    log: Path,
+    hang_at: int | None = None,
+    *,
+    latency: float = 0.0,
 ) -> Agent:
     """The research agent on ``runtime``, appending each model and tool call to ``log``
     before it runs; the ``hang_at``-th model call prints HANGING and never returns."""
-    agent = research.agent(runtime)
+    agent = research.agent(runtime, latency=latency)
     calls = 0
     inner = research.models[-1].inner
 
@@ -69,15 +76,28 @@ async def main(argv: Sequence[str]) -> int:
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--passes", type=int, default=3)
     parser.add_argument("--lease", type=float, default=30.0, help="the runtime's lease_seconds")
-    parser.add_argument("--kafka", action="store_true", help="KafkaRuntime() from LOOMFLOW_*")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds per model call")
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument("--kafka", action="store_true", help="KafkaRuntime() from LOOMFLOW_*")
+    backend.add_argument("--postgres", action="store_true", help="PostgresRuntime() likewise")
     args = parser.parse_args(argv)
 
+    runtime: Runtime
     if args.kafka:
-        runtime: Runtime = KafkaRuntime(lease_seconds=args.lease)
+        runtime = KafkaRuntime(lease_seconds=args.lease)
+    elif args.postgres:
+        runtime = PostgresRuntime(lease_seconds=args.lease)
     else:
         runtime = SqliteRuntime(args.db, lease_seconds=args.lease)
-    agent = logged_agent(Research(passes=args.passes), runtime, args.log, args.hang_at)
-    result = await agent.run("Research.", session_id=args.session)
+    agent = logged_agent(
+        Research(passes=args.passes), runtime, args.log, args.hang_at, latency=args.latency
+    )
+
+    async def acknowledged(item: object) -> None:
+        if isinstance(item, EventBase):
+            _log(args.log, f"event {item.seq} {item.event_id}")
+
+    result = await agent.run("Research.", session_id=args.session, emit=acknowledged)
     print(result.model_dump_json(), flush=True)
     return 0
 

@@ -130,6 +130,12 @@ class KafkaEnv:
         finally:
             await consumer.stop()
 
+    async def caught_up(self) -> bool:
+        """Whether the projector's committed positions reached the end of the topic."""
+        ends = await self.end_offsets()
+        positions = await self.positions()
+        return all(positions.get(p, 0) >= end for p, end in ends.items())
+
     async def positions(self, consumer: str | None = None) -> dict[int, int]:
         conn = await asyncpg.connect(self.dsn)
         try:

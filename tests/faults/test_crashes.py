@@ -1,0 +1,295 @@
+"""Processes killed at random moments: an agent mid-run on each durable runtime, and the
+Kafka processor mid-round.
+
+Each trial draws its moment from a seeded generator; a failure names the seed, and
+``LOOMFLOW_FAULTS_SEED=<seed>`` runs the same trials again. CI runs a few trials per
+scenario; ``pytest tests/faults --soak`` runs the counts RELIABILITY.md reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+import secrets
+import signal
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from loomflow.producers import EventProducer
+from loomflow.runtime import Scope, SqliteRuntime
+from loomflow.schemas import Event, TurnAppended, Usage
+from tests.faults.conftest import Place, Trials
+from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.readmodel import fold_of, in_postgres, log_events
+from tests.support.scenario import Research
+from tests.support.waiting import eventually
+
+SEED = int(os.environ.get("LOOMFLOW_FAULTS_SEED", secrets.randbits(32)))
+PASSES = 3
+#: model and tool calls of one uninterrupted run: 3 model calls and 2 tools per pass
+CALLS = PASSES * 5
+#: seconds each scripted model call takes, so that a kill can land inside one
+LATENCY = 0.01
+
+
+@dataclass
+class Killed:
+    """What the killed process had done: its model calls by turn, its tool calls, and
+    the events it was told were acknowledged, in order."""
+
+    model: Counter[int]
+    tools: Counter[str]
+    acknowledged: list[tuple[int, str]]
+    finished: bool
+
+
+def _read(log: Path) -> Killed:
+    model: Counter[int] = Counter()
+    tools: Counter[str] = Counter()
+    acknowledged: list[tuple[int, str]] = []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        kind, _, rest = line.partition(" ")
+        if kind == "model":
+            model[int(rest)] += 1
+        elif kind == "tool":
+            tools[rest] += 1
+        elif kind == "event":
+            seq, event_id = rest.split()
+            acknowledged.append((int(seq), event_id))
+    return Killed(model, tools, acknowledged, finished=False)
+
+
+def _calls(log: Path) -> int:
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text().splitlines() if line.startswith(("model", "tool")))
+
+
+async def _run_and_kill(
+    place: Place, db: Path, session: str, log: Path, rng: random.Random
+) -> Killed:
+    """Start the research agent in its own process and SIGKILL it at a random moment:
+    once it began a random one of its calls, plus up to one model call's time."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    env.update(place.variables, PYTHONPATH=str(ROOT))
+    victim = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "tests.support.crash_worker",
+        str(db),
+        session,
+        str(log),
+        "--passes",
+        str(PASSES),
+        "--latency",
+        str(LATENCY),
+        *place.flag,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    target = rng.randint(1, CALLS - 1)
+    try:
+        await eventually(
+            lambda: _calls(log) >= target or victim.returncode is not None,
+            within=120,
+            what=f"call {target} of the agent process",
+        )
+        await asyncio.sleep(rng.uniform(0, LATENCY))  # the moment of the fault, drawn
+    finally:
+        if victim.returncode is None:
+            victim.send_signal(signal.SIGKILL)
+        _, err = await victim.communicate()
+    killed = _read(log)
+    if victim.returncode != -signal.SIGKILL:
+        assert victim.returncode == 0, err.decode()
+        killed.finished = True
+    return killed
+
+
+def _model_turns(events: list[Event]) -> dict[tuple[int, str], int]:
+    """(seq, event_id) of each recorded model answer -> its turn (0-based)."""
+    turns: dict[tuple[int, str], int] = {}
+    for event in events:
+        if isinstance(event, TurnAppended) and event.payload.model_call:
+            turns[(event.seq, event.event_id)] = len(turns)
+    return turns
+
+
+async def test_an_agent_killed_at_random_moments_loses_and_repeats_nothing(
+    place: Place, trials: Trials, tmp_path: Path
+) -> None:
+    """SIGKILL an agent process at a random moment of its run, then resume: every event
+    it was told was acknowledged is in the log, no model or tool call the log recorded
+    runs again (only the one in flight may), usage is counted once, resume succeeds."""
+    reference = Research(passes=PASSES)
+    async with SqliteRuntime(tmp_path / "reference.db") as on:
+        clean = await reference.agent(on).run("Research.", session_id="s1")
+    rng = random.Random(SEED)
+    count = trials(ci=5, soak=50)
+    finished_early = in_flight = 0
+    for trial in range(count):
+        where = f"{place.name} trial {trial} (LOOMFLOW_FAULTS_SEED={SEED})"
+        session, log = f"s{trial}", tmp_path / f"calls-{trial}.log"
+        db = tmp_path / f"trial-{trial}.db"
+        killed = await _run_and_kill(place, db, session, log, rng)
+        runtime = place.runtime(db)
+        try:
+            if killed.finished:
+                finished_early += 1
+                result = None
+            else:
+                research = Research(passes=PASSES)
+                result = await research.agent(runtime).resume(session_id=session)
+            events = await runtime.store.read_events(Scope(session))
+            row = await runtime.store.session(Scope(session))
+        finally:
+            await runtime.close()
+        assert row is not None, where
+
+        # every acknowledged event survived, at its seq (a prompt Kafka sent ahead is
+        # acknowledged with the next append: it may be lost with the process)
+        stored = {(e.seq, e.event_id) for e in events}
+        must = killed.acknowledged
+        if place.sends_ahead:
+            durable = [
+                i
+                for i, (seq, _) in enumerate(must)
+                if not _sent_ahead(next((e for e in events if e.seq == seq), None))
+            ]
+            must = must[: durable[-1] + 1] if durable else []
+        lost = [a for a in must if a not in stored]
+        assert not lost, f"{where}: acknowledged events lost: {lost}"
+
+        # each turn is recorded once and counted once
+        turns = _model_turns(events)
+        assert sorted(turns.values()) == list(range(clean.turns)), where
+        recorded = sum(
+            (
+                e.payload.usage
+                for e in events
+                if isinstance(e, TurnAppended) and e.payload.model_call
+            ),
+            start=Usage(),
+        )
+        assert row.usage == recorded, f"{where}: usage rolled up {row.usage}, log {recorded}"
+        assert row.turns == clean.turns and row.status == "finished", where
+
+        if result is None:
+            continue
+        assert result.turns == clean.turns and result.output == clean.output, where
+        assert result.restored_turns + result.model_calls == clean.turns, where
+        # no recorded model or tool call ran again: only the call in flight may have
+        asked = Counter(
+            sum(1 for m in request if m.role.value == "assistant")
+            for request in research.models[-1].inner.calls
+        )
+        model = killed.model + asked
+        tools = killed.tools + research.tool_runs
+        assert set(model) == set(range(clean.turns)), where
+        acknowledged_turns = {turns[a] for a in killed.acknowledged if a in turns}
+        for turn in acknowledged_turns:
+            assert model[turn] == 1, f"{where}: recorded model turn {turn} was requested again"
+        repeats = sum(n - 1 for n in model.values()) + sum(
+            tools[k] - reference.tool_runs[k] for k in tools
+        )
+        assert set(tools) == set(reference.tool_runs), where
+        assert all(tools[k] >= reference.tool_runs[k] for k in tools), where
+        assert repeats <= 1, f"{where}: {repeats} calls ran again: {model} {tools}"
+        in_flight += repeats
+    assert finished_early <= count // 2, f"most kills landed after the run ended (seed {SEED})"
+    print(
+        f"\n{place.name}: {count} trials (seed {SEED}): {count - finished_early} killed mid-run, "
+        f"{finished_early} ran to the end first, {in_flight} in-flight calls ran again, "
+        "no acknowledged event lost, no recorded call repeated"
+    )
+
+
+def _sent_ahead(event: Event | None) -> bool:
+    """A prompt or another input of ours, which Kafka sends without waiting for its ack."""
+    return (
+        isinstance(event, TurnAppended)
+        and not event.payload.model_call
+        and all(m.role.value == "user" for m in event.payload.messages)
+    )
+
+
+# --- the processor ---------------------------------------------------------------------------
+
+#: sessions of 37 events each added before each round: enough that a kill lands mid-round
+SESSIONS = 200
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[KafkaEnv]:
+    environment = await KafkaEnv.create(partitions=3)
+    try:
+        yield environment
+    finally:
+        await environment.close()
+
+
+@pytest.mark.kafka
+async def test_a_processor_killed_mid_round_leaves_the_model_a_rebuild_makes(
+    env: KafkaEnv, trials: Trials
+) -> None:
+    """SIGKILL `loomflow processor` at random moments while it projects (new events
+    arrive before each round): once a survivor catches up, the read model equals the
+    fold of the log table by table (sessions with their usage and counts, checkpoints,
+    steps, events), so nothing was applied twice or lost, and no record it was handed
+    again went to the dead letters."""
+    rng = random.Random(SEED)
+    producer = EventProducer(env.bootstrap, env.topics, linger_ms=5)
+    rounds = trials(ci=3, soak=20)
+    mid_round = 0
+    try:
+        for n in range(rounds):
+            batch = [e for k in range(SESSIONS) for e in session_events(f"r{n}s{k}", passes=12)]
+            await producer.send(batch)
+            before = sum((await env.positions()).values())
+            total = sum((await env.end_offsets()).values())
+            victim = env.processor_process()
+            try:
+                await eventually(
+                    functools.partial(_progress_past, env, before),
+                    within=120,
+                    what=f"round {n}: the processor to commit a batch",
+                )
+                await asyncio.sleep(rng.uniform(0, 0.2))  # the moment of the fault, drawn
+            finally:
+                output = victim.kill()
+            assert victim.returncode == -signal.SIGKILL, output
+            if sum((await env.positions()).values()) < total:
+                mid_round += 1
+    finally:
+        await producer.stop()
+    assert mid_round >= max(1, rounds // 2), f"{mid_round} of {rounds} kills landed mid-round"
+
+    survivor = env.processor_process()
+    try:
+        await eventually(env.caught_up, within=180, what="the surviving processor")
+    finally:
+        survivor.stop()
+    expected = await fold_of(await log_events(env.bootstrap, env.topics))
+    assert len(expected) == SESSIONS * rounds
+    assert await in_postgres(env.dsn, env.schema) == expected
+    print(f"\nprocessor: {rounds} kills (seed {SEED}), {mid_round} mid-round, model == fold")
+    # records the killed processors had applied and were handed again are no poison
+    conn = await asyncpg.connect(env.dsn)
+    try:
+        letters = await conn.fetchval(f'SELECT count(*) FROM "{env.schema}".dead_letters')
+    finally:
+        await conn.close()
+    assert letters == 0, f"{letters} redelivered records were dead-lettered"
+
+
+async def _progress_past(env: KafkaEnv, before: int) -> bool:
+    return sum((await env.positions()).values()) > before
