@@ -520,6 +520,17 @@ class _Run:
         self._calls_with_options = accepts_options(agent.model)
         self._per_call = self._call_options()
         self.messages: list[Message] = list(restored.messages) if restored else []
+        #: the run this one continues was interrupted right after the model's final
+        #: answer, before its end was recorded: this one goes on from its stop hooks, with
+        #: no nudge and no model call, as the interrupted run would have
+        last = self.messages[-1] if self.messages else None
+        self.answered = (
+            continuing
+            and interrupted is not None
+            and last is not None
+            and last.role is Role.ASSISTANT
+            and not last.tool_calls
+        )
         self.turns = restored.turns if restored else 0
         self.usage = restored.usage if restored else Usage()
         self.restored_turns = self.turns
@@ -560,13 +571,17 @@ class _Run:
             await self._emit(event)
         retries = self.options.retries
         # a run that stopped in a stop hook to wait goes back into its stop hooks first
-        in_hooks = self.waited is not None and self.waited.where == "stop_hook"
+        # and one interrupted after its final answer goes on from there too
+        in_hooks = self.answered or (self.waited is not None and self.waited.where == "stop_hook")
         try:
             if self.ended_wait is not None and self.ended_wait.where == "tool":
                 await self._end_wait(self.ended_wait)
             if not in_hooks:
                 await self._finish_pending_tools()
-            if self.waited is None:
+            if self.answered:
+                if self.tuning.checkpoint:  # it was staged for the end that never came
+                    await self._checkpoint()
+            elif self.waited is None:
                 await self._open(prompt)
             hook_iterations = 0
             while True:

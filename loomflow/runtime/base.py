@@ -22,7 +22,7 @@ from loomflow.projections.fold import SessionRow
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import Scope
 from loomflow.runtime.store import EventStore
-from loomflow.runtime.writer import SessionWriter
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS, SessionWriter
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -80,6 +80,7 @@ class Runtime(Resource):
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ) -> None:
         if serializer not in ("json", "pickle"):
             raise ValueError(f"serializer must be 'json' or 'pickle', not {serializer!r}")
@@ -93,6 +94,14 @@ class Runtime(Resource):
             raise ValueError(
                 f"lease_seconds must be a number from 0.5 to 86400, not {lease_seconds!r}"
             )
+        if (
+            isinstance(retry_seconds, bool)
+            or not isinstance(retry_seconds, int | float)
+            or not 0 <= retry_seconds <= 86_400
+        ):
+            raise ValueError(
+                f"retry_seconds must be a number from 0 to 86400, not {retry_seconds!r}"
+            )
         self._store = store
         self.max_checkpoints_per_session = max_checkpoints_per_session
         self.serializer: Serializer = serializer
@@ -100,6 +109,10 @@ class Runtime(Resource):
         #: a worker may resume it; recorded in each run.started, so a worker follows the
         #: lease of the run it looks at. The writer sends a heartbeat after a third of it.
         self.lease_seconds = float(lease_seconds)
+        #: how long a run's writes keep trying while the store is briefly away (a broker
+        #: or database restart) before the run fails with the store's error; the run
+        #: stays resumable, and nothing it recorded is lost
+        self.retry_seconds = float(retry_seconds)
 
     @property
     def store(self) -> EventStore:

@@ -21,6 +21,7 @@ from loomflow.runtime.base import Runtime
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult, Scope
 from loomflow.runtime.store import EventStore
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event, Message, StepRecorded, utcnow
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
@@ -162,10 +163,12 @@ class InProcRuntime(Runtime):
         *,
         serializer: Serializer = "json",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ) -> None:
         super().__init__(
             InProcStore(),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
+            retry_seconds=retry_seconds,
         )

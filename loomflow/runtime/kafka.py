@@ -57,6 +57,7 @@ from loomflow.runtime.journal import Serializer
 from loomflow.runtime.postgres import PostgresStore, _redact
 from loomflow.runtime.scope import PruneResult, Scope
 from loomflow.runtime.store import EventStore
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import (
     CheckpointsPruned,
     Event,
@@ -692,6 +693,7 @@ class KafkaRuntime(Runtime):
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
         settings: Settings | None = None,
         schema: str | None = None,
         topic_prefix: str | None = None,
@@ -712,6 +714,7 @@ class KafkaRuntime(Runtime):
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
+            retry_seconds=retry_seconds,
         )
 
     @property

@@ -18,6 +18,7 @@ from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 from loomflow.settings import Settings
@@ -281,6 +282,7 @@ class PostgresRuntime(Runtime):
         schema: str | None = None,
         serializer: Serializer = "json",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
         min_size: int = 1,
         max_size: int = 10,
         settings: Settings | None = None,
@@ -292,6 +294,7 @@ class PostgresRuntime(Runtime):
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
+            retry_seconds=retry_seconds,
         )
 
     @property

@@ -17,6 +17,7 @@ from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
@@ -101,12 +102,14 @@ class SqliteRuntime(Runtime):
         max_checkpoints_per_session: int = 20,
         serializer: Serializer = "json",
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        retry_seconds: float = DEFAULT_RETRY_SECONDS,
     ) -> None:
         super().__init__(
             SqliteStore(path),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
+            retry_seconds=retry_seconds,
         )
 
 

@@ -21,7 +21,11 @@ from loomflow.schemas import (
 if TYPE_CHECKING:
     from loomflow.runtime.base import Runtime
 
-__all__ = ["SessionWriter"]
+__all__ = ["DEFAULT_RETRY_SECONDS", "SessionWriter"]
+
+#: how long a run's writes keep trying while the store says it is briefly away (a broker or
+#: database restarting) before the run fails, resumable: ``Runtime(retry_seconds=...)``
+DEFAULT_RETRY_SECONDS = 60.0
 
 logger = logging.getLogger("loomflow.runtime")
 
@@ -41,13 +45,9 @@ class SessionWriter:
     to learn how many landed, and goes on after them, giving back the seqs of those that
     did not. So an unknown outcome never turns into a taken seq or a gap. When the
     failure is retriable (the store says it is briefly away), the writer does that at
-    once and writes again what did not land, with backoff, for up to ``retry_seconds``:
-    a run rides out a broker or database restart instead of failing.
+    once and writes again what did not land, with backoff, for up to its runtime's
+    ``retry_seconds``: a run rides out a broker or database restart instead of failing.
     """
-
-    #: how long a write keeps trying while the store says it is briefly away (a broker or
-    #: database restarting); after that the run fails, and stays resumable
-    retry_seconds: float = 60.0
 
     def __init__(
         self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
@@ -133,7 +133,7 @@ class SessionWriter:
         staged, self._staged = self._staged, []
         event = self.make(cls, payload)
         batch = [*staged, cast(Event, event)]
-        give_up = asyncio.get_running_loop().time() + self.retry_seconds
+        give_up = asyncio.get_running_loop().time() + self.runtime.retry_seconds
         failures = 0
         while True:
             try:
@@ -154,7 +154,7 @@ class SessionWriter:
                         self.scope.describe(),
                         type(exc).__name__,
                         exc,
-                        f"trying again for up to {self.retry_seconds:.0f} s"
+                        f"trying again for up to {self.runtime.retry_seconds:g} s"
                         if retriable
                         else "the run goes on without the checkpoint",
                     )

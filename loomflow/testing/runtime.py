@@ -835,6 +835,40 @@ class RuntimeConformance(RunKeywords, Suite):
         assert [m.content for m in state.messages[-4::2]] == ["first question", "second question"]
         assert "lost" not in [m.content for m in state.messages]
 
+    async def test_a_run_taken_over_after_its_final_answer_ends_with_no_model_call(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        """A run whose final answer is recorded but whose end is not (its process died
+        between the two) is continued from its stop hooks by ``resume()``: no nudge, no
+        new model call, and the checkpoint of its last pass is written."""
+        entered = asyncio.Event()
+
+        async def hang(state: SessionState) -> None:
+            entered.set()  # the answer is in the log; the run's end never will be
+            await asyncio.Event().wait()
+
+        first = Agent(
+            "You help.",
+            model=ScriptedModel(["done"]),
+            runtime=new_runtime(),
+            tuning=Tuning(checkpoint=True, stop_hooks=[hang]),
+        )
+        hung = asyncio.create_task(first.run("go", session_id="s1"))
+        await entered.wait()
+        model = ScriptedModel(["again"])
+        second = Agent(
+            "You help.", model=model, runtime=new_runtime(), tuning=Tuning(checkpoint=True)
+        )
+        result = await second.resume(session_id="s1")
+        hung.cancel()
+        with contextlib.suppress(asyncio.CancelledError, StaleWriterError):
+            await hung
+        assert model.calls == []
+        assert (result.output, result.turns, result.model_calls) == ("done", 1, 0)
+        assert [m.turn for m in await second.list_checkpoints("s1")] == [1]
+        state = await new_runtime().restore(Scope("s1"))
+        assert state is not None and [m.content for m in state.messages[1:]] == ["go", "done"]
+
     # --- retention, prune, erase -----------------------------------------------------------
 
     async def test_default_retention_keeps_the_newest_20(self, runtime: Runtime) -> None:

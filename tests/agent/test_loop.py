@@ -110,9 +110,8 @@ async def test_a_store_away_for_longer_than_the_retry_window_fails_the_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from loomflow.errors import StoreUnavailableError
-    from loomflow.runtime import SessionWriter
 
-    runtime = InProcRuntime()
+    runtime = InProcRuntime(retry_seconds=0.5)
     agent = Agent("x", model=ScriptedModel(["a"]), runtime=runtime)
     attempts = 0
     real_append = runtime.store.append
@@ -124,7 +123,6 @@ async def test_a_store_away_for_longer_than_the_retry_window_fails_the_run(
             raise StoreUnavailableError("down for good")
         await real_append(events)
 
-    monkeypatch.setattr(SessionWriter, "retry_seconds", 0.5)
     monkeypatch.setattr(runtime.store, "append", away)
     with pytest.raises(StoreUnavailableError, match="down for good"):
         await agent.run("go", session_id="s1")

@@ -143,12 +143,19 @@ async def test_an_agent_killed_at_random_moments_loses_and_repeats_nothing(
         killed = await _run_and_kill(place, db, session, log, rng)
         runtime = place.runtime(db)
         try:
-            if killed.finished:
-                finished_early += 1
+            row = await runtime.store.session(Scope(session))
+            if killed.finished or (row is not None and row.status == "finished"):
+                finished_early += 1  # the run ended before the kill did; nothing to resume
                 result = None
             else:
                 research = Research(passes=PASSES)
-                result = await research.agent(runtime).resume(session_id=session)
+                try:
+                    result = await research.agent(runtime).resume(session_id=session)
+                except Exception as exc:
+                    tail = (await runtime.store.read_events(Scope(session)))[-4:]
+                    raise AssertionError(
+                        f"{where}: resume failed; the log ends with {[e.type for e in tail]}"
+                    ) from exc
             events = await runtime.store.read_events(Scope(session))
             row = await runtime.store.session(Scope(session))
         finally:
