@@ -56,6 +56,17 @@ def abandoned(row: SessionRow, default_lease: float = DEFAULT_LEASE_SECONDS) -> 
     return (utcnow() - row.updated_at).total_seconds() > lease
 
 
+def _seconds(name: str, value: object, least: float) -> float:
+    """``value`` as a number of seconds from ``least`` to a day, else ValueError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not least <= value <= 86_400
+    ):
+        raise ValueError(f"{name} must be a number from {least:g} to 86400, not {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class RestoredState:
     """A session's transcript, turn count and usage at a point of its log."""
@@ -86,33 +97,17 @@ class Runtime(Resource):
             raise ValueError(f"serializer must be 'json' or 'pickle', not {serializer!r}")
         if not isinstance(max_checkpoints_per_session, int):
             raise TypeError("max_checkpoints_per_session must be an int (< 1 keeps all)")
-        if (
-            isinstance(lease_seconds, bool)
-            or not isinstance(lease_seconds, int | float)
-            or not 0.5 <= lease_seconds <= 86_400
-        ):
-            raise ValueError(
-                f"lease_seconds must be a number from 0.5 to 86400, not {lease_seconds!r}"
-            )
-        if (
-            isinstance(retry_seconds, bool)
-            or not isinstance(retry_seconds, int | float)
-            or not 0 <= retry_seconds <= 86_400
-        ):
-            raise ValueError(
-                f"retry_seconds must be a number from 0 to 86400, not {retry_seconds!r}"
-            )
         self._store = store
         self.max_checkpoints_per_session = max_checkpoints_per_session
         self.serializer: Serializer = serializer
         #: how long a run's writer may stay silent before the run counts as abandoned and
         #: a worker may resume it; recorded in each run.started, so a worker follows the
         #: lease of the run it looks at. The writer sends a heartbeat after a third of it.
-        self.lease_seconds = float(lease_seconds)
+        self.lease_seconds = _seconds("lease_seconds", lease_seconds, 0.5)
         #: how long a run's writes keep trying while the store is briefly away (a broker
         #: or database restart) before the run fails with the store's error; the run
         #: stays resumable, and nothing it recorded is lost
-        self.retry_seconds = float(retry_seconds)
+        self.retry_seconds = _seconds("retry_seconds", retry_seconds, 0)
 
     @property
     def store(self) -> EventStore:

@@ -111,6 +111,9 @@ async def test_a_store_away_for_longer_than_the_retry_window_fails_the_run(
 ) -> None:
     from loomflow.errors import StoreUnavailableError
 
+    for bad in (-1, True, "5", 90_000):
+        with pytest.raises(ValueError, match="retry_seconds must be a number from 0 to 86400"):
+            InProcRuntime(retry_seconds=bad)  # type: ignore[arg-type]
     runtime = InProcRuntime(retry_seconds=0.5)
     agent = Agent("x", model=ScriptedModel(["a"]), runtime=runtime)
     attempts = 0
