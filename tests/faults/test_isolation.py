@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 import pytest
+from aiokafka.errors import KafkaError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -53,7 +54,7 @@ from loomflow.errors import (
 )
 from loomflow.models import ScriptedModel
 from loomflow.processors.rebuild import rebuild
-from loomflow.producers import EventProducer, Topics
+from loomflow.producers import EventProducer, Topics, scope_key
 from loomflow.projections.fold import CheckpointRow, SessionRow
 from loomflow.runtime import DatabaseStore, PostgresStore, RestoredState, Runtime, Scope
 from loomflow.runtime.kafka import KafkaRuntime
@@ -62,7 +63,8 @@ from loomflow.schemas.events import TurnAppendedPayload
 from loomflow.settings import Settings
 from tests.faults.conftest import Trials
 from tests.support.backends import BACKENDS, Backend
-from tests.support.readmodel import in_postgres
+from tests.support.kafka_env import KafkaEnv
+from tests.support.readmodel import in_postgres, read_records
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
@@ -676,3 +678,48 @@ async def _rebuilt_stays_erased(
             await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
         finally:
             await conn.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.postgres
+async def test_an_erased_sessions_snapshot_goes_with_it() -> None:
+    """The snapshots topic is a projection too: once a session is erased, what compaction
+    keeps of its key is a tombstone, not its last transcript."""
+    env = await KafkaEnv.create()
+    runtime = env.runtime()
+    try:
+        projector = await env.start_projector(snapshot_interval=3600)
+        scope = Scope("s1", "alice")
+        key = scope_key(scope.user_id, scope.session_id)
+        await Research(passes=2).agent(runtime).run("Research.", session_id="s1", user_id="alice")
+
+        async def snapshot() -> tuple[bool, bytes | None]:
+            """Whether the topic has a record of the session, and the latest one's value."""
+            await asyncio.wait_for(projector.snapshots_published(), 30)
+            try:
+                records = await read_records(
+                    env.bootstrap, env.topics.snapshots, env.topics.partitions
+                )
+            except KafkaError as exc:
+                if not exc.retriable:  # a new topic's leader is still being elected
+                    raise
+                return False, None
+            latest = {record.key: record.value for record in records}
+            return key in latest, latest.get(key)
+
+        await eventually(lambda: _published(snapshot), within=30, what="the session's snapshot")
+        assert await runtime.store.erase("s1", user_id="alice") is True
+        await eventually(lambda: _tombstoned(snapshot), within=30, what="a tombstone for it")
+    finally:
+        await runtime.close()
+        await env.close()
+
+
+async def _published(snapshot: Callable[[], Awaitable[tuple[bool, bytes | None]]]) -> bool:
+    there, value = await snapshot()
+    return there and value is not None
+
+
+async def _tombstoned(snapshot: Callable[[], Awaitable[tuple[bool, bytes | None]]]) -> bool:
+    there, value = await snapshot()
+    return there and value is None
