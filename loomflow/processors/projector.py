@@ -635,6 +635,8 @@ class Projector:
             for event in outcome.applied:
                 if event.type == "checkpoint.written":
                     self._snapshots.checkpointed(event)
+                elif event.type == "session.erased":
+                    self._snapshots.erased(event)
 
     async def _report(self) -> None:
         assert self._pool is not None

@@ -7,7 +7,8 @@ checkpoint would put O(n²) bytes through Kafka over a session's life. So a chec
 published ``interval`` seconds after it falls due, with whatever newer checkpoint the
 session wrote meanwhile, and a session is published at most once per ``interval``;
 ``flush`` publishes everything due at once (on shutdown, or for a benchmark's clock).
-Projection never waits for it.
+Projection never waits for it. An erased session's snapshot goes with it: a tombstone
+(a null value) is published at once, so compaction keeps no transcript of it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import orjson
 from loomflow.producers import EventProducer, scope_key
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import CheckpointRow
-from loomflow.schemas import CheckpointWritten
+from loomflow.schemas import CheckpointWritten, SessionErased
 
 __all__ = ["SnapshotPublisher"]
 
@@ -47,7 +48,8 @@ class SnapshotPublisher:
         self._schema = schema
         self._topic = topic
         self.interval = interval
-        self._due: dict[_Key, CheckpointWritten] = {}
+        #: the checkpoint to publish, or None: a tombstone for an erased session
+        self._due: dict[_Key, CheckpointWritten | None] = {}
         #: when each due session may be published next
         self._at: dict[_Key, float] = {}
         #: sessions published within the last interval, and when
@@ -66,6 +68,15 @@ class SnapshotPublisher:
             now = asyncio.get_running_loop().time()
             self._at[key] = max(now, self._last.get(key, now)) + self.interval
         self._due[key] = event
+        self._idle.clear()
+        self._wanted.set()
+
+    def erased(self, event: SessionErased) -> None:
+        """A session was erased: publish a tombstone for it now, in place of any snapshot
+        due. Snapshots go out in order, so it follows one already on its way."""
+        key = (event.user_id, event.session_id)
+        self._due[key] = None
+        self._at[key] = asyncio.get_running_loop().time()
         self._idle.clear()
         self._wanted.set()
 
@@ -107,17 +118,25 @@ class SnapshotPublisher:
                 self._force = False
                 self._idle.set()
 
-    async def _publish(self, due: list[tuple[_Key, CheckpointWritten]]) -> None:
-        """Publish a chunk of sessions' snapshots: two reads, one wait for the acks."""
+    async def _publish(self, due: list[tuple[_Key, CheckpointWritten | None]]) -> None:
+        """Publish a chunk of sessions' snapshots (and tombstones): two reads, one wait
+        for the acks."""
         try:
             async with self._pool.acquire() as conn:
                 found = await pg.latest_snapshots(
                     conn,
                     self._schema,
-                    [(user, session, e.payload.checkpoint_id) for (user, session), e in due],
+                    [
+                        (user, session, e.payload.checkpoint_id)
+                        for (user, session), e in due
+                        if e is not None
+                    ],
                 )
+            records: list[tuple[bytes, bytes | None]] = [
+                (scope_key(user, session), None) for (user, session), e in due if e is None
+            ]
             # a checkpoint dropped by retention since has a newer one due or published
-            records = [
+            records += [
                 (scope_key(user, session), _snapshot(session, row, payloads))
                 for user, session, row, payloads in found
             ]

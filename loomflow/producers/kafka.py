@@ -151,8 +151,9 @@ class EventProducer:
             raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
         return [Position(r.partition, r.offset) for r in records]
 
-    async def send_many(self, topic: str, records: Sequence[tuple[bytes, bytes]]) -> None:
-        """Write (key, value) records and wait for all their acknowledgements at once."""
+    async def send_many(self, topic: str, records: Sequence[tuple[bytes, bytes | None]]) -> None:
+        """Write (key, value) records (a None value: a tombstone) and wait for all their
+        acknowledgements at once."""
         producer = await self._ready()
         try:
             pending = [await producer.send(topic, value=v, key=k) for k, v in records]

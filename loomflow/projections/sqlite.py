@@ -585,14 +585,15 @@ def prune(conn: sqlite3.Connection, match: PruneFilter) -> tuple[int, int, int, 
     """Delete what ``match`` selects in one transaction; return the counts of
     (sessions, checkpoints, steps, events) deleted."""
     before = match.before
-    where, params = [], []
+    # an erasure's tombstone stays: it is what refuses the session's late events
+    where, params = ["status <> 'erased'"], []
     if match.session_id is not None:
         where.append("session_id = ?")
         params.append(match.session_id)
     if not match.any_user:
         where.append("user_id = ?")
         params.append(_uid(match.user_id))
-    clause = " AND ".join(where) or "1"
+    clause = " AND ".join(where)
     conn.execute("BEGIN IMMEDIATE")
     try:
         sessions = checkpoints = steps = events = 0

@@ -123,6 +123,8 @@ class InProcStore(EventStore):
                     continue
                 if not match.any_user and key[0] != match.user_id:
                     continue
+                if entry.row.status == "erased":
+                    continue  # the tombstone is what refuses the erased session's late events
                 if before is None or entry.row.updated_at < before:
                     sessions += 1
                     checkpoints += len(entry.model.checkpoints)

@@ -97,7 +97,8 @@ class EventStore(Resource, ABC):
 
         Sessions whose last event is older than ``before`` (or all matching sessions when
         ``before`` is None) are deleted whole; in the others, checkpoints and journal
-        steps recorded before ``before`` are. At least one filter is required;
+        steps recorded before ``before`` are. An erased session keeps its tombstone, so a
+        late or replayed event of it is still refused. At least one filter is required;
         ``user_id=None`` means the sessions run without a user, ``ANY_USER`` (the default)
         every user's.
         """

@@ -530,3 +530,20 @@ class StoreConformance(Suite):
         assert await store.erase("s1", user_id="alice") is False
         assert len(await store.read_events(bob.scope)) == 4  # bob's session of that id stays
         assert len(await store.list_checkpoints(bob.scope, 50)) == 1
+
+    async def test_prune_keeps_the_tombstone_that_refuses_an_erased_sessions_events(
+        self, store: EventStore
+    ) -> None:
+        log = SessionLog("s1", "alice")
+        await commit(store, [log.claim(), log.turn("secret"), log.checkpoint()])
+        replayed = await store.read_events(log.scope)
+        assert await store.erase("s1", user_id="alice") is True
+        await store.prune(user_id="alice")
+        await store.prune(before=datetime.now(UTC) + timedelta(days=1))
+        for event in replayed:  # the whole log again, from its first event
+            with pytest.raises(SessionErasedError):
+                await commit(store, [event])
+        row = await store.session(log.scope)
+        assert row is not None and row.status == "erased"
+        assert [e.type for e in await store.read_events(log.scope)] == ["session.erased"]
+        assert await store.list_checkpoints(log.scope, 50) == []

@@ -387,7 +387,8 @@ async def prune(
     return the counts of (sessions, checkpoints, steps, events) deleted."""
     s = quoted(schema)
     args: list[Any] = [match.before]
-    where = [matching(match, args)]
+    # an erasure's tombstone stays: it is what refuses the session's late events
+    where = [matching(match, args), "status <> 'erased'"]
     joined = "t.user_id = m.user_id AND t.session_id = m.session_id"
     row = await conn.fetchrow(
         f"WITH matched AS (SELECT user_id, session_id, "
