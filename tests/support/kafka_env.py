@@ -41,16 +41,22 @@ class KafkaEnv:
     extra_topics: list[str] = field(default_factory=list)
 
     @classmethod
-    async def create(cls, partitions: int = 2) -> KafkaEnv:
+    async def create(cls, partitions: int = 2, **settings: Any) -> KafkaEnv:
+        """Topics made now; ``settings`` override the defaults (a ``kafka_bootstrap`` of
+        another cluster, ``topic_replication``, ...)."""
         tag = secrets.token_hex(5)
+        if "kafka_bootstrap" not in settings:
+            settings["kafka_bootstrap"] = kafka_bootstrap()
         env = cls(
             settings=Settings(
-                kafka_bootstrap=kafka_bootstrap(),
-                postgres_dsn=postgres_dsn(),
-                db_schema=f"lf_test_{tag}",
-                topic_prefix=f"lf-test-{tag}",
-                topic_partitions=partitions,
-                processor_id=f"lf-test-{tag}",
+                **{
+                    "postgres_dsn": postgres_dsn(),
+                    "db_schema": f"lf_test_{tag}",
+                    "topic_prefix": f"lf-test-{tag}",
+                    "topic_partitions": partitions,
+                    "processor_id": f"lf-test-{tag}",
+                    **settings,
+                }
             ),
             tag=tag,
         )
@@ -80,14 +86,18 @@ class KafkaEnv:
     def variables(self) -> dict[str, str]:
         """The LOOMFLOW_* variables that configure a process like this environment."""
         s = self.settings
-        return {
+        variables = {
             "LOOMFLOW_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
             "LOOMFLOW_POSTGRES_DSN": s.postgres_dsn,
             "LOOMFLOW_SCHEMA": s.db_schema,
             "LOOMFLOW_TOPIC_PREFIX": s.topic_prefix,
             "LOOMFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+            "LOOMFLOW_TOPIC_REPLICATION": str(s.topic_replication),
             "LOOMFLOW_PROCESSOR_ID": s.processor_id,
         }
+        if s.topic_min_insync_replicas is not None:
+            variables["LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS"] = str(s.topic_min_insync_replicas)
+        return variables
 
     def projector(self, **options: Any) -> Projector:
         return Projector(
