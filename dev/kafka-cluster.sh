@@ -3,12 +3,12 @@
 # cluster does when a broker dies, on loopback.
 #
 #   dev/kafka-cluster.sh start         fetch jars if missing, format storage once, start the
-#                                      nodes not running, wait until all three brokers are in
-#                                      the cluster's metadata
+#                                      nodes not running, wait until each of the three answers
+#                                      on its port and is a broker in the cluster's metadata
 #   dev/kafka-cluster.sh stop          stop every node (SIGTERM, then SIGKILL after a grace period)
-#   dev/kafka-cluster.sh status        exit 0 if all three brokers are in the metadata
+#   dev/kafka-cluster.sh status        exit 0 if all three brokers serve
 #   dev/kafka-cluster.sh kill N        SIGKILL node N (1, 2 or 3): a broker that dies
-#   dev/kafka-cluster.sh start-node N  start node N again; wait until it is back in the metadata
+#   dev/kafka-cluster.sh start-node N  start node N again; wait until it serves again
 #
 # Each node is a broker and a controller (three voters): killing one leaves a quorum, killing
 # two leaves none. Topics are replicated 3 times by default, with min.insync.replicas=2 (the
@@ -69,46 +69,57 @@ check_node() {
 }
 
 # --- readiness ----------------------------------------------------------------------------------
-# Prints the ids of the brokers the cluster's metadata lists (registered and unfenced), one a
-# line; nothing when no node answers.
-brokers_python() {
-  timeout 20 "$VENV_PY" - "$(bootstrap)" <<'PY' 2>/dev/null || true
+# serving N...: print those of nodes N... that answer a metadata request on their own client
+# port and are listed in the cluster's metadata (registered and unfenced), one a line. A node
+# opens its client port only once the controller has unfenced it, and a restarted node is not
+# taken for the registration its killed predecessor left behind.
+serving_python() {
+  local n addresses=()
+  for n in "$@"; do addresses+=("$n=$HOST:$(node_port "$n")"); done
+  timeout 20 "$VENV_PY" - "${addresses[@]}" <<'PY' 2>/dev/null || true
 import asyncio, sys
 from aiokafka.client import AIOKafkaClient
 
-async def main(bootstrap: str) -> None:
-    client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=5000)
+async def serving(node: int, address: str) -> bool:
+    client = AIOKafkaClient(bootstrap_servers=address, request_timeout_ms=5000)
     try:
-        await asyncio.wait_for(client.bootstrap(), 10)  # sends a metadata request
-        for broker in client.cluster.brokers():
-            print(broker.nodeId)
+        await asyncio.wait_for(client.bootstrap(), 10)  # a metadata request to this node
+        return any(broker.nodeId == node for broker in client.cluster.brokers())
+    except Exception:
+        return False
     finally:
         await client.close()
 
-asyncio.run(main(sys.argv[1]))
+async def main(nodes: list[str]) -> None:
+    pairs = [(int(n), address) for n, address in (item.split("=", 1) for item in nodes)]
+    answers = await asyncio.gather(*(serving(n, address) for n, address in pairs))
+    for (n, _), yes in zip(pairs, answers):
+        if yes:
+            print(n)
+
+asyncio.run(main(sys.argv[1:]))
 PY
 }
 
-brokers_java() {
-  local client_conf="$CACHE/probe-client.properties"
+serving_java() {
+  local client_conf="$CACHE/probe-client.properties" n
   [[ -f "$client_conf" ]] || printf '%s\n' request.timeout.ms=5000 default.api.timeout.ms=10000 \
     socket.connection.setup.timeout.max.ms=5000 >"$client_conf"
-  # lines like "127.0.0.1:19092 (id: 1 rack: null isFenced: false) -> ("
-  timeout 20 java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" org.apache.kafka.tools.BrokerApiVersionsCommand \
-    --bootstrap-server "$(bootstrap)" --command-config "$client_conf" </dev/null 2>/dev/null \
-    | sed -n 's/^[^ ]* (id: \([0-9]*\) .*/\1/p' || true
-}
-
-brokers() {
-  probe_with brokers_python brokers_java
-}
-
-# in_metadata N...: are all these brokers listed in the cluster's metadata?
-in_metadata() {
-  local listed n
-  listed=" $(brokers | tr '\n' ' ') "
   for n in "$@"; do
-    [[ "$listed" == *" $n "* ]] || return 1
+    # lines like "127.0.0.1:19092 (id: 1 rack: null isFenced: false) -> ("
+    timeout 20 java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" org.apache.kafka.tools.BrokerApiVersionsCommand \
+      --bootstrap-server "$HOST:$(node_port "$n")" --command-config "$client_conf" </dev/null 2>/dev/null \
+      | grep -q "(id: $n " && echo "$n"
+  done
+  return 0
+}
+
+# all_serving N...: do all these nodes serve (see serving_python)?
+all_serving() {
+  local answering n
+  answering=" $(probe_with serving_python serving_java "$@" | tr '\n' ' ') "
+  for n in "$@"; do
+    [[ "$answering" == *" $n "* ]] || return 1
   done
 }
 
@@ -124,7 +135,7 @@ wait_ready() {
         die "node $n exited during startup (its log: $(node_log "$n"))"
       fi
     done
-    if in_metadata "$@"; then return 0; fi
+    if all_serving "$@"; then return 0; fi
     if (( SECONDS >= deadline )); then
       for n in "$@"; do show_log_tail "$(node_log "$n")"; done
       if (( ${#LAUNCHED[@]} )); then
@@ -143,22 +154,39 @@ write_config() {
   for m in "${NODES[@]}"; do voters+=("$m@$HOST:$(node_controller_port "$m")"); done
   write_kafka_config "$(node_conf "$n")" "$n" "$(IFS=,; echo "${voters[*]}")" "$HOST" \
     "$(node_port "$n")" "$(node_controller_port "$n")" "$(node_dir "$n")/data" 3 2
+  # A controlled shutdown waits (up to 5 minutes) for the controller quorum to move the node's
+  # leaders away; 'stop' takes every node down at once, so the quorum goes too. Nodes only
+  # ever leave alone by SIGKILL here ('kill'), which never shuts down in a controlled way.
+  # A dead broker is fenced (its leaders move) after 6 s without a heartbeat instead of 9;
+  # a restarted one registers again once its previous registration has expired so.
+  cat >>"$(node_conf "$n")" <<EOF
+controlled.shutdown.enable=false
+broker.heartbeat.interval.ms=1000
+broker.session.timeout.ms=6000
+EOF
 }
 
 # --- commands -----------------------------------------------------------------------------------
-# launch_node N: configure, format once and start node N in the background (no wait).
-launch_node() {
-  local n="$1" dir port controller
-  dir="$(node_dir "$n")"
+# prepare_node N: check node N's ports are free, write its config, format its storage once.
+prepare_node() {
+  local n="$1" port controller
   port="$(node_port "$n")"
   controller="$(node_controller_port "$n")"
   tcp_open "$HOST" "$port" && die "port $HOST:$port of node $n is already in use (set LOOMFLOW_KAFKA_CLUSTER_PORTS)"
   tcp_open "$HOST" "$controller" \
     && die "controller port $HOST:$controller of node $n is already in use (set LOOMFLOW_KAFKA_CLUSTER_CONTROLLER_PORTS)"
   write_config "$n"
-  format_storage "$(node_conf "$n")" "$dir/data" "$(new_cluster_id "$CLUSTER_ID_FILE")"
-  log "starting node $n on $HOST:$port (controller $controller) ..."
-  launch_kafka "$(node_conf "$n")" "$(node_pidfile "$n")" "$(node_log "$n")" "$dir/logs" "$HEAP" >/dev/null
+  format_storage "$(node_conf "$n")" "$(node_dir "$n")/data" "$CLUSTER_ID"
+}
+
+# launch_node N: start node N in the background (no wait).
+launch_node() {
+  local n="$1"
+  log "starting node $n on $HOST:$(node_port "$n") (controller $(node_controller_port "$n")) ..."
+  # C1 only: three JVMs starting at once on a few cores are up 2-3 times sooner, and fault
+  # tests need no peak throughput
+  launch_kafka "$(node_conf "$n")" "$(node_pidfile "$n")" "$(node_log "$n")" \
+    "$(node_dir "$n")/logs" "$HEAP" -XX:TieredStopAtLevel=1 >/dev/null
 }
 
 stop_node() {
@@ -177,11 +205,16 @@ start_nodes() {
   require_java
   fetch_libs
   for n in "$@"; do
-    if node_pid "$n" >/dev/null; then continue; fi
-    launch_node "$n"
-    LAUNCHED+=("$n")
+    node_pid "$n" >/dev/null || LAUNCHED+=("$n")
   done
-  if (( ${#LAUNCHED[@]} == 0 )) && in_metadata "$@"; then
+  if (( ${#LAUNCHED[@]} )); then
+    CLUSTER_ID="$(new_cluster_id "$CLUSTER_ID_FILE")"
+    local preparing=() pid
+    for n in "${LAUNCHED[@]}"; do prepare_node "$n" & preparing+=($!); done  # formats: a JVM each
+    for pid in "${preparing[@]}"; do wait "$pid" || die "could not prepare node(s) ${LAUNCHED[*]}"; done
+    for n in "${LAUNCHED[@]}"; do launch_node "$n"; done
+  fi
+  if (( ${#LAUNCHED[@]} == 0 )) && all_serving "$@"; then
     log "already running on $(bootstrap)"
   else
     wait_ready "$@"
@@ -216,18 +249,16 @@ cmd_kill() {
 }
 
 cmd_status() {
-  local n pid listed rc=0
-  listed=" $(brokers | tr '\n' ' ') "
+  local n pid answering rc=0
+  answering=" $(probe_with serving_python serving_java "${NODES[@]}" | tr '\n' ' ') "
   for n in "${NODES[@]}"; do
-    if pid="$(node_pid "$n")"; then
-      if [[ "$listed" == *" $n "* ]]; then
-        log "node $n (pid $pid) is a broker of the cluster on $HOST:$(node_port "$n")"
-      else
-        log "node $n (pid $pid) runs but is not in the cluster's metadata"
-        rc=1
-      fi
-    else
+    if ! pid="$(node_pid "$n")"; then
       log "node $n is not running"
+      rc=1
+    elif [[ "$answering" == *" $n "* ]]; then
+      log "node $n (pid $pid) is a broker of the cluster on $HOST:$(node_port "$n")"
+    else
+      log "node $n (pid $pid) runs but does not serve as a broker of the cluster (yet)"
       rc=1
     fi
   done

@@ -131,16 +131,18 @@ find_kafka_pid() {
   return 1
 }
 
-# launch_kafka CONF PIDFILE LOGFILE LOGS_DIR MAX_HEAP: start a broker in the background and
-# print its pid. setsid: its own session, so terminal signals to the caller don't reach it; all
-# standard streams are redirected so callers capturing our output don't hang.
+# launch_kafka CONF PIDFILE LOGFILE LOGS_DIR MAX_HEAP [JAVA_OPTION...]: start a broker in the
+# background and print its pid. setsid: its own session, so terminal signals to the caller
+# don't reach it; all standard streams are redirected so callers capturing our output don't
+# hang.
 launch_kafka() {
   local conf="$1" pidfile="$2" logfile="$3" logs_dir="$4" max_heap="$5" _
+  shift 5
   rm -f "$pidfile"
   [[ -f "$logfile" ]] && mv -f "$logfile" "$logfile.1"
   # shellcheck disable=SC2016  # $$ and $1 expand in the inner bash
   setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$pidfile" \
-    java -Xms256m "-Xmx$max_heap" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    java -Xms256m "-Xmx$max_heap" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 "$@" \
       -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
       "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$logs_dir" \
       -cp "$LIBS/*" kafka.Kafka "$conf" \
@@ -215,15 +217,18 @@ have_python_probe() {
   [[ -x "$VENV_PY" ]] && "$VENV_PY" -c 'import aiokafka' >/dev/null 2>&1
 }
 
-# probe_with PYTHON_FN JAVA_FN: run the readiness check LOOMFLOW_KAFKA_PROBE (in PROBE) asks
-# for: auto is the Python one (aiokafka in .venv) when it can run, else the Java one (the jars).
+# probe_with PYTHON_FN JAVA_FN [ARG...]: run the readiness check LOOMFLOW_KAFKA_PROBE (in PROBE)
+# asks for, with ARGs: auto is the Python one (aiokafka in .venv) when it can run, else the Java
+# one (the jars).
 probe_with() {
+  local python="$1" java="$2"
+  shift 2
   case "$PROBE" in
-    python) "$1" ;;
-    java) libs_present && "$2" ;;
+    python) "$python" "$@" ;;
+    java) libs_present && "$java" "$@" ;;
     auto)
-      if have_python_probe; then "$1"
-      elif libs_present; then "$2"
+      if have_python_probe; then "$python" "$@"
+      elif libs_present; then "$java" "$@"
       else die "cannot check readiness: neither $VENV_PY with aiokafka nor the Kafka jars are available"
       fi ;;
     *) die "LOOMFLOW_KAFKA_PROBE must be auto, python or java (got '$PROBE')" ;;
