@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
@@ -167,12 +168,13 @@ class KafkaEnv:
         finally:
             await conn.close()
         await drop_environment(self.settings)
-        # `loomflow analytics`, run on this environment, made its table's topics
+        # the faust apps run on this environment (`loomflow processor`, `loomflow analytics`)
+        # made their tables' and assignors' topics
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
-            group = self.settings.analytics_group
-            ours = [t for t in await admin.list_topics() if t.startswith(f"{group}-")]
+            apps = f"{self.settings.processor_id}-"
+            ours = [t for t in await admin.list_topics() if t.startswith(apps)]
             if ours:
                 await admin.delete_topics(ours)
         finally:
@@ -250,6 +252,23 @@ def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> Pro
     defaults runs the processor exactly as a user who set nothing would.
     """
     return ProcessorProcess(variables, loglevel=loglevel)
+
+
+async def topic_configs(bootstrap: str, *topics: str) -> dict[str, dict[str, str]]:
+    """Topic -> its configs as the broker describes them (set or defaulted)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in topics]
+        )
+    finally:
+        await admin.close()
+    return {
+        resource[3]: {entry[0]: entry[1] for entry in resource[4]}
+        for response in described
+        for resource in response.resources
+    }
 
 
 def session_events(
