@@ -46,6 +46,10 @@ class Settings(BaseSettings):
                                               and ``<id>-analytics``
     ``LOOMFLOW_PROJECTION_TIMEOUT``           seconds a runtime waits for the projector
     ``LOOMFLOW_CONNECT_TIMEOUT``              seconds to wait for a connection
+    ``LOOMFLOW_KAFKA_ACK_TIMEOUT``            seconds an append waits for Kafka's
+                                              acknowledgement before it fails, retriable
+                                              (a partition without a leader, or with fewer
+                                              in-sync replicas than min.insync.replicas)
     ``LOOMFLOW_AUTO_MIGRATE``                 create and migrate the schema and topics on
                                               first use (default true); false: only check,
                                               after ``loomflow setup`` ran ahead of a deploy
@@ -71,6 +75,7 @@ class Settings(BaseSettings):
     processor_id: str = "loomflow-processor"
     projection_timeout: float = Field(default=30.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
+    kafka_ack_timeout: float = Field(default=30.0, gt=0)
     auto_migrate: bool = True
 
     @field_validator("kafka_bootstrap", "postgres_dsn")

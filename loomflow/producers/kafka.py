@@ -59,11 +59,23 @@ class Position:
 
 
 class EventProducer:
-    """Writes events to the events topic; a session's events keep their order."""
+    """Writes events to the events topic; a session's events keep their order.
 
-    def __init__(self, bootstrap: str, topics: Topics | None = None, **options: Any) -> None:
+    ``ack_timeout`` (seconds, None: no limit) bounds the wait for Kafka's acknowledgement
+    of an append (see ``acked``).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics | None = None,
+        *,
+        ack_timeout: float | None = None,
+        **options: Any,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
+        self.ack_timeout = ack_timeout
         self._options = options
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
@@ -143,7 +155,24 @@ class EventProducer:
             raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
 
     async def acked(self, pending: Sequence[asyncio.Future[Any]]) -> list[Position]:
-        """Where enqueued events landed, once the broker acknowledged them all."""
+        """Where enqueued events landed, once the broker acknowledged them all.
+
+        Raise StoreUnavailableError if that takes longer than ``ack_timeout``. An
+        idempotent producer tries a write again for as long as the partition has no
+        reachable leader, or fewer in-sync replicas than its ``min.insync.replicas``, so on
+        a cluster that lost too many brokers the wait would never end. The records stay
+        with the producer, which delivers them if the cluster recovers.
+        """
+        if pending and self.ack_timeout is not None:
+            _, unacknowledged = await asyncio.wait(pending, timeout=self.ack_timeout)
+            if unacknowledged:
+                raise StoreUnavailableError(
+                    f"Kafka did not acknowledge {len(unacknowledged)} event(s) appended to "
+                    f"{self.topics.events} within {self.ack_timeout:g} s: a partition has "
+                    "no reachable leader, or fewer in-sync replicas than its "
+                    "min.insync.replicas. Check that enough brokers are up; the events may "
+                    "still land, and whatever Kafka acknowledged is kept"
+                )
         try:
             records = [await future for future in pending]
         except KafkaError as exc:
