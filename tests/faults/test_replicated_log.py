@@ -94,9 +94,10 @@ async def leader_of(env: KafkaEnv, session: str) -> int:
     return int(leader)
 
 
-def acknowledged(runtime: KafkaRuntime, monkeypatch: pytest.MonkeyPatch) -> dict[str, Event]:
-    """Every event Kafka acknowledged to ``runtime`` from now on, by event id."""
-    acked: dict[str, Event] = {}
+def note_acknowledged(
+    runtime: KafkaRuntime, acked: dict[str, Event], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Put every event Kafka acknowledges to ``runtime`` from now on in ``acked``."""
     landed = runtime.store._landed
 
     def noting(event: Event, partition: int, offset: int) -> None:
@@ -104,7 +105,6 @@ def acknowledged(runtime: KafkaRuntime, monkeypatch: pytest.MonkeyPatch) -> dict
         landed(event, partition, offset)
 
     monkeypatch.setattr(runtime.store, "_landed", noting)
-    return acked
 
 
 def model_turns(research: Research) -> list[int]:
@@ -138,14 +138,15 @@ async def test_a_run_survives_one_broker_and_fails_clearly_without_two(
     assert configs[env.topics.events]["min.insync.replicas"] == "2"  # as the settings asked
     processor = env.processor_process()
     runtime = env.runtime()
-    acked = acknowledged(runtime, monkeypatch)
+    acked: dict[str, Event] = {}
+    note_acknowledged(runtime, acked, monkeypatch)
     try:
         for trial in range(trials(ci=1, soak=3)):
             dead = await survives_one_broker(env, runtime, acked, f"one-{trial}")
             # the second broker to die: the partition's leader, or (every other trial) the
             # one follower left in sync with it
             await fails_clearly_without_two(
-                env, runtime, acked, f"two-{trial}", dead, leader=trial % 2 == 0
+                env, runtime, acked, f"two-{trial}", dead, leader=trial % 2 == 0, patch=monkeypatch
             )
             assert processor.poll() is None, processor.output()[-3000:]
     finally:
@@ -188,17 +189,31 @@ async def fails_clearly_without_two(
     dead: int,
     *,
     leader: bool,
+    patch: pytest.MonkeyPatch,
 ) -> None:
-    """SIGKILL a second broker mid-run (``dead`` is down already): with one replica left,
-    the run fails with the retriable StoreUnavailableError soon after
-    SessionWriter.retry_seconds instead of hanging; once the brokers are back it resumes and
-    finishes, and only calls whose answer was not acknowledged run again."""
+    """SIGKILL a second broker mid-run (``dead`` is down already; the one killed now is the
+    session's partition leader if ``leader``): with one replica left, the run fails with
+    the retriable StoreUnavailableError soon after SessionWriter.retry_seconds instead of
+    hanging, and so does another process's run, whose runtime then closes at once. Once
+    the brokers are back the session resumes and finishes, and only calls whose answer
+    was not acknowledged run again."""
     research = Research(passes=FAILING_PASSES)
     agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=2 * FAILING_PASSES)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(SessionWriter, "retry_seconds", RETRY_SECONDS)
-        run = asyncio.create_task(agent.run("Research.", session_id=session))
-        await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
+    other = env.runtime()  # another process's, closed when its run fails, as `async with` does
+    note_acknowledged(other, acked, patch)
+    bystander = Research(passes=FAILING_PASSES)
+    with pytest.MonkeyPatch.context() as retrying:
+        retrying.setattr(SessionWriter, "retry_seconds", RETRY_SECONDS)
+        runs = [
+            asyncio.create_task(agent.run("Research.", session_id=session)),
+            asyncio.create_task(
+                bystander.agent(other, latency=0.03).run("Research.", session_id=f"{session}-b")
+            ),
+        ]
+        await eventually(
+            lambda: min(research.model_calls, bystander.model_calls) >= 10,
+            what="the runs to be under way",
+        )
         lead = await leader_of(env, session)
         victim = lead if leader else next(n for n in NODES if n not in (dead, lead))
         await asyncio.to_thread(cluster, "kill", str(victim))
@@ -206,12 +221,15 @@ async def fails_clearly_without_two(
         # for acknowledgements (the failed write, the look at what landed, the run's
         # failure event)
         bound = RETRY_SECONDS + 4 * ACK_TIMEOUT + 15
-        await asyncio.wait({run}, timeout=bound)
-        if not run.done():
-            run.cancel()
-            pytest.fail(f"the run neither went on nor failed {bound:.0f} s after the kill")
-        with pytest.raises(StoreUnavailableError, match="acknowledge"):
-            run.result()
+        await asyncio.wait(runs, timeout=bound)
+        if not all(run.done() for run in runs):
+            for run in runs:
+                run.cancel()
+            pytest.fail(f"a run neither went on nor failed {bound:.0f} s after the kill")
+        for run in runs:
+            with pytest.raises(StoreUnavailableError, match="acknowledge"):
+                run.result()
+        await asyncio.wait_for(other.close(), ACK_TIMEOUT + 15)
     answered = acknowledged_turns(acked, session)
 
     await asyncio.to_thread(cluster, "start")
