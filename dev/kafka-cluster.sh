@@ -69,26 +69,36 @@ check_node() {
 }
 
 # --- readiness ----------------------------------------------------------------------------------
-# serving N...: print those of nodes N... that answer a metadata request on their own client
-# port and are listed in the cluster's metadata (registered and unfenced), one a line. A node
-# opens its client port only once the controller has unfenced it, and a restarted node is not
-# taken for the registration its killed predecessor left behind.
+# serving N...: print those of nodes N... that serve, one a line: the node answers a metadata
+# request on its own client port, is a broker in the cluster's metadata (registered and
+# unfenced), and has caught up: it is in the in-sync replicas of every partition it holds. A
+# node opens its client port only once the controller has unfenced it, so a restarted node is
+# not taken for the registration its killed predecessor left behind; and one that is not yet
+# back in sync would leave a partition with fewer copies than its replication says.
 serving_python() {
   local n addresses=()
   for n in "$@"; do addresses+=("$n=$HOST:$(node_port "$n")"); done
   timeout 20 "$VENV_PY" - "${addresses[@]}" <<'PY' 2>/dev/null || true
 import asyncio, sys
-from aiokafka.client import AIOKafkaClient
+from aiokafka.admin import AIOKafkaAdminClient
 
 async def serving(node: int, address: str) -> bool:
-    client = AIOKafkaClient(bootstrap_servers=address, request_timeout_ms=5000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=address, request_timeout_ms=5000)
     try:
-        await asyncio.wait_for(client.bootstrap(), 10)  # a metadata request to this node
-        return any(broker.nodeId == node for broker in client.cluster.brokers())
+        await asyncio.wait_for(admin.start(), 10)  # a metadata request to this node
+        brokers = (await admin.describe_cluster())["brokers"]
+        if not any(broker["node_id"] == node for broker in brokers):
+            return False
+        return all(
+            node in partition["isr"]
+            for topic in await admin.describe_topics()
+            for partition in topic["partitions"]
+            if node in partition["replicas"]
+        )
     except Exception:
         return False
     finally:
-        await client.close()
+        await admin.close()
 
 async def main(nodes: list[str]) -> None:
     pairs = [(int(n), address) for n, address in (item.split("=", 1) for item in nodes)]
@@ -102,14 +112,25 @@ PY
 }
 
 serving_java() {
-  local client_conf="$CACHE/probe-client.properties" n
+  local client_conf="$CACHE/probe-client.properties" n address
   [[ -f "$client_conf" ]] || printf '%s\n' request.timeout.ms=5000 default.api.timeout.ms=10000 \
     socket.connection.setup.timeout.max.ms=5000 >"$client_conf"
   for n in "$@"; do
+    address="$HOST:$(node_port "$n")"
     # lines like "127.0.0.1:19092 (id: 1 rack: null isFenced: false) -> ("
     timeout 20 java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" org.apache.kafka.tools.BrokerApiVersionsCommand \
-      --bootstrap-server "$HOST:$(node_port "$n")" --command-config "$client_conf" </dev/null 2>/dev/null \
-      | grep -q "(id: $n " && echo "$n"
+      --bootstrap-server "$address" --command-config "$client_conf" </dev/null 2>/dev/null \
+      | grep -q "(id: $n " || continue
+    # lines like "Topic: t  Partition: 0  Leader: 1  Replicas: 1,2,3  Isr: 1,3  Elr: ..."
+    timeout 20 java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" org.apache.kafka.tools.TopicCommand \
+      --bootstrap-server "$address" --command-config "$client_conf" --describe </dev/null 2>/dev/null \
+      | awk -v n="$n" '
+          /Replicas:/ {
+            for (k = 1; k < NF; k++) { if ($k == "Replicas:") r = $(k + 1); if ($k == "Isr:") i = $(k + 1) }
+            if (index("," r ",", "," n ",") && !index("," i ",", "," n ",")) behind = 1
+          }
+          END { exit behind }' \
+      && echo "$n"
   done
   return 0
 }
