@@ -31,88 +31,22 @@ PROBE="${LOOMFLOW_KAFKA_PROBE:-auto}"
 BOOTSTRAP="$HOST:$PORT"
 
 CACHE="$ROOT/.cache/kafka"
-LIBS="$CACHE/libs"
 DATA="$CACHE/data"
 CONF="$CACHE/server.properties"
 PIDFILE="$CACHE/kafka.pid"
 LOGFILE="$CACHE/kafka.log"
 CLUSTER_ID_FILE="$CACHE/cluster.id"
-POM="$ROOT/dev/kafka/pom.xml"
-LOG4J="$ROOT/dev/kafka/log4j2.properties"
-VENV_PY="$ROOT/.venv/bin/python"
 
-log() { echo "kafka: $*" >&2; }
-die() { echo "kafka: ERROR: $*" >&2; exit 1; }
-
-# Options for short-lived CLI tools (StorageTool, TopicCommand): quick JVM start, quiet logs.
-TOOL_JAVA_OPTS=(
-  -Xms64m -Xmx256m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Djava.awt.headless=true
-  "-Dlog4j2.configurationFile=$LOG4J"
-  -Dloomflow.kafka.log.level=WARN -Dloomflow.kafka.log.target=SYSTEM_ERR
-)
-
-require_java() {
-  command -v java >/dev/null 2>&1 || die "java not found on PATH (Kafka 4 needs Java 17+; apt-get install openjdk-17-jre-headless)"
-  local v
-  v="$(java -XshowSettings:properties -version 2>&1 | awk -F'= ' '/java.specification.version/ {print $2; exit}')"
-  if ! [[ "${v%%.*}" =~ ^[0-9]+$ ]] || (( ${v%%.*} < 17 )); then
-    die "Kafka 4 needs Java 17+, but 'java' is version '${v:-unknown}'"
-  fi
-}
-
-# --- jars ---------------------------------------------------------------------------------------
-pom_stamp() { sha256sum "$POM" | cut -d' ' -f1; }
-
-libs_present() {
-  [[ -f "$LIBS/.stamp" && "$(cat "$LIBS/.stamp")" == "$(pom_stamp)" ]] \
-    && compgen -G "$LIBS/kafka_2.13-*.jar" >/dev/null
-}
-
-fetch_libs() {
-  libs_present && return 0
-  command -v mvn >/dev/null 2>&1 || die "mvn not found on PATH (needed once to fetch the Kafka jars; apt-get install maven)"
-  log "fetching Kafka jars with Maven into .cache/kafka/libs ..."
-  local staging="$CACHE/libs.staging"
-  rm -rf "$staging"
-  mkdir -p "$staging"
-  local mvn_log="$CACHE/mvn.log"
-  if ! mvn -B -q -f "$POM" dependency:copy-dependencies "-Dkafka.libs.dir=$staging" \
-      </dev/null >"$mvn_log" 2>&1; then
-    tail -n 30 "$mvn_log" >&2 || true
-    rm -rf "$staging"
-    die "Maven could not fetch the Kafka jars (dev/kafka/pom.xml); full output in $mvn_log"
-  fi
-  compgen -G "$staging/kafka_2.13-*.jar" >/dev/null \
-    || die "Maven ran but no kafka_2.13 jar landed in $staging"
-  pom_stamp >"$staging/.stamp"
-  rm -rf "$LIBS"
-  mv "$staging" "$LIBS"
-}
+LOG_NAME=kafka
+# shellcheck source=dev/kafka/lib.sh
+source "$ROOT/dev/kafka/lib.sh"
 
 # --- process bookkeeping ------------------------------------------------------------------------
-# Is $1 a live broker process started with this checkout's config?
-is_our_broker() {
-  local pid="$1" cmdline
-  [[ "$pid" =~ ^[0-9]+$ ]] || return 1
-  cmdline="$(tr '\0' ' ' 2>/dev/null <"/proc/$pid/cmdline")" || return 1
-  [[ "$cmdline" == *kafka.Kafka* && "$cmdline" == *"$CONF"* ]]
-}
-
 # Prints the broker pid (from the pid file, else by scanning for our exact config path).
-find_pid() {
-  local pid
-  if [[ -f "$PIDFILE" ]]; then
-    pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
-  fi
-  for d in /proc/[0-9]*; do
-    pid="${d#/proc/}"
-    if is_our_broker "$pid"; then echo "$pid"; return 0; fi
-  done
-  return 1
-}
+find_pid() { find_kafka_pid "$PIDFILE" "$CONF"; }
+is_our_broker() { kafka_process "$1" "$CONF"; }
 
-port_open() { (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; }
+port_open() { tcp_open "$HOST" "$PORT"; }
 
 # --- readiness ----------------------------------------------------------------------------------
 probe_python() {
@@ -140,23 +74,10 @@ probe_java() {
     --bootstrap-server "$BOOTSTRAP" --command-config "$client_conf" --list </dev/null >/dev/null 2>&1
 }
 
-have_python_probe() {
-  [[ -x "$VENV_PY" ]] && "$VENV_PY" -c 'import aiokafka' >/dev/null 2>&1
-}
-
 # Real readiness: the broker answers a metadata request and lists itself.
 answering() {
   port_open || return 1
-  case "$PROBE" in
-    python) probe_python ;;
-    java) libs_present && probe_java ;;
-    auto)
-      if have_python_probe; then probe_python
-      elif libs_present; then probe_java
-      else die "cannot check readiness: neither $VENV_PY with aiokafka nor the Kafka jars are available"
-      fi ;;
-    *) die "LOOMFLOW_KAFKA_PROBE must be auto, python or java (got '$PROBE')" ;;
-  esac
+  probe_with probe_python probe_java
 }
 
 # host:port the running broker was configured with (from the config written when it started).
@@ -166,68 +87,15 @@ running_bootstrap() {
 
 print_exports() { echo "export LOOMFLOW_KAFKA_BOOTSTRAP=$BOOTSTRAP"; }
 
-show_log_tail() {
-  if [[ -s "$LOGFILE" ]]; then
-    echo "kafka: ---- last lines of $LOGFILE ----" >&2
-    tail -n 40 "$LOGFILE" >&2 || true
-    echo "kafka: ----" >&2
-  fi
-}
-
-# --- config & storage ---------------------------------------------------------------------------
+# --- config ---------------------------------------------------------------------------------------
 write_config() {
-  mkdir -p "$DATA"
-  cat >"$CONF.tmp" <<EOF
-# Generated by dev/kafka.sh; edits are overwritten on every start.
-process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
-controller.listener.names=CONTROLLER
-listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://$HOST:$PORT
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
-log.dirs=$DATA
-num.partitions=1
-default.replication.factor=1
-auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-offsets.topic.num.partitions=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-transaction.state.log.num.partitions=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
-group.initial.rebalance.delay.ms=0
-num.network.threads=2
-num.io.threads=4
-num.recovery.threads.per.data.dir=1
-log.retention.hours=24
-EOF
-  mv "$CONF.tmp" "$CONF"
+  write_kafka_config "$CONF" 1 "1@$HOST:$CONTROLLER_PORT" "$HOST" "$PORT" "$CONTROLLER_PORT" \
+    "$DATA" 1 1
 }
 
 format_storage_once() {
   [[ -f "$DATA/meta.properties" ]] && return 0
-  # Half-formatted or foreign leftovers: start clean.
-  rm -rf "$DATA"
-  mkdir -p "$DATA"
-  local cluster_id
-  if [[ -s "$CLUSTER_ID_FILE" ]]; then
-    cluster_id="$(cat "$CLUSTER_ID_FILE")"
-  else
-    cluster_id="$(java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" kafka.tools.StorageTool random-uuid </dev/null)" \
-      || die "kafka.tools.StorageTool random-uuid failed"
-    echo "$cluster_id" >"$CLUSTER_ID_FILE"
-  fi
-  log "formatting KRaft storage (cluster id $cluster_id) ..."
-  local out
-  if ! out="$(java "${TOOL_JAVA_OPTS[@]}" -cp "$LIBS/*" kafka.tools.StorageTool format \
-      -t "$cluster_id" -c "$CONF" </dev/null 2>&1)"; then
-    echo "$out" >&2
-    rm -rf "$DATA"
-    die "kafka.tools.StorageTool format failed"
-  fi
+  format_storage "$CONF" "$DATA" "$(new_cluster_id "$CLUSTER_ID_FILE")"
 }
 
 # --- commands -----------------------------------------------------------------------------------
@@ -237,13 +105,13 @@ wait_ready() {
   local pid="$1" origin="${2:-launched}" deadline=$((SECONDS + START_TIMEOUT))
   while :; do
     if ! is_our_broker "$pid"; then
-      show_log_tail
+      show_log_tail "$LOGFILE"
       rm -f "$PIDFILE"
       die "broker process $pid exited during startup"
     fi
     if answering; then return 0; fi
     if (( SECONDS >= deadline )); then
-      show_log_tail
+      show_log_tail "$LOGFILE"
       if [[ "$origin" == existing ]]; then
         die "broker pid $pid did not answer on $BOOTSTRAP within ${START_TIMEOUT}s (try 'dev/kafka.sh stop' and start again)"
       fi
@@ -298,43 +166,13 @@ cmd_start() {
   format_storage_once
 
   log "starting broker on $BOOTSTRAP ..."
-  [[ -f "$LOGFILE" ]] && mv -f "$LOGFILE" "$LOGFILE.1"
-  # setsid: own session, so terminal signals to the caller don't reach the broker.
-  # All standard streams are redirected so callers capturing our output don't hang.
-  # shellcheck disable=SC2016  # $$ and $1 expand in the inner bash
-  setsid bash -c 'echo $$ >"$1"; shift; exec "$@"' _ "$PIDFILE" \
-    java -Xms256m -Xmx512m -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
-      -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true \
-      "-Dlog4j2.configurationFile=$LOG4J" "-Dkafka.logs.dir=$CACHE/logs" \
-      -cp "$LIBS/*" kafka.Kafka "$CONF" \
-    </dev/null >"$LOGFILE" 2>&1 &
-  local _
-  for _ in $(seq 50); do
-    [[ -s "$PIDFILE" ]] && break
-    sleep 0.1
-  done
-  pid="$(cat "$PIDFILE" 2>/dev/null || true)"
-  [[ -n "$pid" ]] || die "broker launch failed (no pid written to $PIDFILE)"
+  pid="$(launch_kafka "$CONF" "$PIDFILE" "$LOGFILE" "$CACHE/logs" 512m)"
   wait_ready "$pid"
   log "ready on $BOOTSTRAP (pid $pid)"
   print_exports
 }
 
-stop_pid() {
-  local pid="$1" _
-  kill -TERM "$pid" 2>/dev/null || return 0
-  for _ in $(seq 300); do   # controlled shutdown usually takes a few seconds
-    is_our_broker "$pid" || return 0
-    sleep 0.1
-  done
-  log "pid $pid still alive after 30s; sending SIGKILL"
-  kill -KILL "$pid" 2>/dev/null || true
-  for _ in $(seq 50); do
-    is_our_broker "$pid" || return 0
-    sleep 0.1
-  done
-  die "could not stop broker pid $pid"
-}
+stop_pid() { stop_kafka_pid "$1" "$CONF"; }
 
 cmd_stop() {
   local pid

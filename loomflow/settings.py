@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["Settings"]
@@ -33,12 +33,23 @@ class Settings(BaseSettings):
                                               ``.events.dlq``
     ``LOOMFLOW_TOPIC_PARTITIONS``             partitions of topics this process creates
     ``LOOMFLOW_TOPIC_REPLICATION``            replication factor of topics it creates
+    ``LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS``    ``min.insync.replicas`` of topics it creates:
+                                              how many replicas must have an append before
+                                              Kafka acknowledges it (acks=all); unset, the
+                                              broker's default. With replication 3 and 2, an
+                                              acknowledged event survives the loss of any
+                                              one broker, and appends fail (retriable)
+                                              rather than go to a single replica
     ``LOOMFLOW_PROCESSOR_ID``                 the processor's name; its projector commits
                                               positions as ``<id>-projector``, the audit
                                               and analytics consumers as ``<id>-audit``
                                               and ``<id>-analytics``
     ``LOOMFLOW_PROJECTION_TIMEOUT``           seconds a runtime waits for the projector
     ``LOOMFLOW_CONNECT_TIMEOUT``              seconds to wait for a connection
+    ``LOOMFLOW_KAFKA_ACK_TIMEOUT``            seconds an append waits for Kafka's
+                                              acknowledgement before it fails, retriable
+                                              (a partition without a leader, or with fewer
+                                              in-sync replicas than min.insync.replicas)
     ``LOOMFLOW_AUTO_MIGRATE``                 create and migrate the schema and topics on
                                               first use (default true); false: only check,
                                               after ``loomflow setup`` ran ahead of a deploy
@@ -60,9 +71,11 @@ class Settings(BaseSettings):
     topic_prefix: str = "loomflow"
     topic_partitions: int = Field(default=6, ge=1)
     topic_replication: int = Field(default=1, ge=1)
+    topic_min_insync_replicas: int | None = Field(default=None, ge=1)
     processor_id: str = "loomflow-processor"
     projection_timeout: float = Field(default=30.0, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
+    kafka_ack_timeout: float = Field(default=30.0, gt=0)
     auto_migrate: bool = True
 
     @field_validator("kafka_bootstrap", "postgres_dsn")
@@ -90,6 +103,17 @@ class Settings(BaseSettings):
                 f"{value!r} must be 1-180 characters from A-Z, a-z, 0-9, '.', '_', '-'"
             )
         return value
+
+    @model_validator(mode="after")
+    def _insync_within_replication(self) -> Settings:
+        wanted = self.topic_min_insync_replicas
+        if wanted is not None and wanted > self.topic_replication:
+            raise ValueError(
+                f"topic_min_insync_replicas ({wanted}) is more than topic_replication "
+                f"({self.topic_replication}): Kafka would refuse every append; set "
+                "LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS at most LOOMFLOW_TOPIC_REPLICATION"
+            )
+        return self
 
     @classmethod
     def resolve(cls, settings: Settings | None = None, **overrides: Any) -> Settings:

@@ -50,6 +50,15 @@ def kafka_error(message: str, exc: KafkaError) -> StoreError:
     return cls(f"{message}: {type(exc).__name__}: {exc}")
 
 
+#: producers whose stop outlived the caller's wait: kept until they end (see EventProducer.stop)
+_stopping: set[asyncio.Future[None]] = set()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # its caller was told already: no "never retrieved" warning
+
+
 @dataclass(frozen=True, order=True)
 class Position:
     """Where a record landed: partition and offset."""
@@ -59,11 +68,23 @@ class Position:
 
 
 class EventProducer:
-    """Writes events to the events topic; a session's events keep their order."""
+    """Writes events to the events topic; a session's events keep their order.
 
-    def __init__(self, bootstrap: str, topics: Topics | None = None, **options: Any) -> None:
+    ``ack_timeout`` (seconds, None: no limit) bounds the wait for Kafka's acknowledgement
+    of an append (see ``acked``), and ``stop``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topics: Topics | None = None,
+        *,
+        ack_timeout: float | None = None,
+        **options: Any,
+    ) -> None:
         self.bootstrap = bootstrap
         self.topics = topics or Topics()
+        self.ack_timeout = ack_timeout
         self._options = options
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
@@ -74,21 +95,41 @@ class EventProducer:
         async with self._lock:
             if self._producer is not None:
                 return
+            options = {"linger_ms": 0, **self._options}
             producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap,
                 acks="all",
                 enable_idempotence=True,
                 max_request_size=MAX_EVENT_BYTES + 64 * 1024,
-                linger_ms=self._options.pop("linger_ms", 0),
-                **self._options,
+                **options,
             )
             self._producer = await started(producer, self.bootstrap)
 
     async def stop(self) -> None:
+        """Stop the producer. aiokafka's ``stop`` first delivers what the producer holds,
+        which on a cluster without enough brokers never ends: with an ``ack_timeout``, this
+        returns after that long and the producer finishes in the background, delivering
+        what it can once the cluster answers (until the process ends), so that closing a
+        runtime never hangs."""
         async with self._lock:
-            if self._producer is not None:
-                await self._producer.stop()
-                self._producer = None
+            producer, self._producer = self._producer, None
+            if producer is None:
+                return
+            stopping = asyncio.ensure_future(producer.stop())
+            if self.ack_timeout is None:
+                await stopping
+                return
+            done, _ = await asyncio.wait({stopping}, timeout=self.ack_timeout)
+            if done:
+                stopping.result()
+                return
+            logger.warning(
+                "the Kafka producer still holds records Kafka has not acknowledged after %g s; "
+                "it goes on delivering them in the background",
+                self.ack_timeout,
+            )
+            _stopping.add(stopping)
+            stopping.add_done_callback(_stopping.discard)
 
     async def _ready(self) -> AIOKafkaProducer:
         if self._broken:
@@ -143,7 +184,26 @@ class EventProducer:
             raise kafka_error(f"appending to Kafka topic {self.topics.events} failed", exc) from exc
 
     async def acked(self, pending: Sequence[asyncio.Future[Any]]) -> list[Position]:
-        """Where enqueued events landed, once the broker acknowledged them all."""
+        """Where enqueued events landed, once the broker acknowledged them all.
+
+        Raise StoreUnavailableError if that takes longer than ``ack_timeout``. An
+        idempotent producer tries a write again for as long as the partition has no
+        reachable leader, or fewer in-sync replicas than its ``min.insync.replicas``, so on
+        a cluster that lost too many brokers the wait would never end. The records stay
+        with the producer, which delivers them if the cluster recovers.
+        """
+        if pending and self.ack_timeout is not None:
+            _, unacknowledged = await asyncio.wait(pending, timeout=self.ack_timeout)
+            if unacknowledged:
+                for future in unacknowledged:
+                    future.add_done_callback(_retrieved)
+                raise StoreUnavailableError(
+                    f"Kafka did not acknowledge {len(unacknowledged)} event(s) appended to "
+                    f"{self.topics.events} within {self.ack_timeout:g} s: a partition has "
+                    "no reachable leader, or fewer in-sync replicas than its "
+                    "min.insync.replicas. Check that enough brokers are up; the events may "
+                    "still land, and whatever Kafka acknowledged is kept"
+                )
         try:
             records = [await future for future in pending]
         except KafkaError as exc:

@@ -32,13 +32,15 @@ _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 
 @dataclass(frozen=True)
 class Topics:
-    """Names and partition counts of the log's topics."""
+    """Names, partition counts and replication of the log's topics."""
 
     events: str = "loomflow.events"
     snapshots: str = "loomflow.snapshots"
     dlq: str = "loomflow.events.dlq"
     partitions: int = 6
     replication: int = 1
+    #: ``min.insync.replicas`` of the topics; None: the broker's default
+    min_insync_replicas: int | None = None
 
     def __post_init__(self) -> None:
         for name in (self.events, self.snapshots, self.dlq):
@@ -46,6 +48,10 @@ class Topics:
                 raise ValueError(f"invalid Kafka topic name {name!r}")
         if self.partitions < 1 or self.replication < 1:
             raise ValueError("partitions and replication must be at least 1")
+        if self.min_insync_replicas is not None and not (
+            1 <= self.min_insync_replicas <= self.replication
+        ):
+            raise ValueError("min_insync_replicas must be from 1 to the replication")
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Topics:
@@ -54,16 +60,26 @@ class Topics:
             settings.topic_prefix,
             partitions=settings.topic_partitions,
             replication=settings.topic_replication,
+            min_insync_replicas=settings.topic_min_insync_replicas,
         )
 
     @classmethod
-    def prefixed(cls, prefix: str, **kwargs: int) -> Topics:
+    def prefixed(
+        cls,
+        prefix: str,
+        *,
+        partitions: int = 6,
+        replication: int = 1,
+        min_insync_replicas: int | None = None,
+    ) -> Topics:
         """The same topics under a prefix, e.g. one set per test or per tenant."""
         return cls(
             events=f"{prefix}.events",
             snapshots=f"{prefix}.snapshots",
             dlq=f"{prefix}.events.dlq",
-            **kwargs,
+            partitions=partitions,
+            replication=replication,
+            min_insync_replicas=min_insync_replicas,
         )
 
 
@@ -111,6 +127,9 @@ async def ensure_topics(
         big = str(MAX_EVENT_BYTES + 64 * 1024)  # an event (or a snapshot) may be this large
         forever = {"cleanup.policy": "delete", "retention.ms": "-1", "max.message.bytes": big}
         compacted = {"cleanup.policy": "compact", "max.message.bytes": big}
+        if topics.min_insync_replicas is not None:
+            for configs in (forever, compacted):
+                configs["min.insync.replicas"] = str(topics.min_insync_replicas)
         wanted = [
             NewTopic(name, topics.partitions, topics.replication, topic_configs=configs)
             for name, configs in (

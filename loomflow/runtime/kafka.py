@@ -3,7 +3,9 @@
 Consistency, as a user meets it:
 
 - An append is durable when Kafka acknowledges it (acks=all, idempotent producer); within
-  a run it does not wait for the projector.
+  a run it does not wait for the projector. One that Kafka does not acknowledge within
+  ``kafka_ack_timeout`` (too few brokers left) fails as retriable; its events may still
+  land, so the session's next append or read waits for them first.
 - The claim of a session (the new epoch at the start of a run) is the one synchronous
   point: ``open_session`` returns once the projector applied it, so two writers never
   both think they own a session.
@@ -256,7 +258,9 @@ class KafkaStore(EventStore):
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
         self._reads = PostgresStore.from_settings(settings)
-        self._producer = EventProducer(self.bootstrap, self.topics)
+        self._producer = EventProducer(
+            self.bootstrap, self.topics, ack_timeout=settings.kafka_ack_timeout
+        )
         self._positions = _Positions()
         self._listener = _Listener(settings, self._positions.advance, self._heard)
         self._watches: dict[_Key, _Watch] = {}
@@ -353,7 +357,12 @@ class KafkaStore(EventStore):
     async def _settle(self, keys: set[_Key], *also: _Sending, quiet: bool = False) -> None:
         """Wait for the acknowledgement of what was sent for ``keys`` (and ``also``), in
         order, and note where each event landed; raise the first failure (unless
-        ``quiet``: then a failed send only means those events are not in the log)."""
+        ``quiet``: then a failed send only means those events are not in the log).
+
+        Sends that Kafka has not acknowledged within the producer's ``ack_timeout`` raise
+        StoreUnavailableError even when ``quiet``: they may still land, so they stay
+        queued for their sessions, and the next append or read of those sessions waits for
+        them first. Until they are known, neither is the session as the log has it."""
         waiting: list[_Sending] = []
         for key in keys:
             watch = self._watches.get(key)
@@ -362,10 +371,13 @@ class KafkaStore(EventStore):
                 watch.sending = []
         waiting.extend(also)
         failure: StoreError | None = None
-        for events, futures in waiting:
+        for n, (events, futures) in enumerate(waiting):
             try:
                 positions = await self._producer.acked(futures)
             except StoreError as exc:
+                if not all(future.done() for future in futures):
+                    self._still_sending(waiting[n:])
+                    raise
                 failure = failure or exc
                 logger.debug("a send of %d event(s) failed: %s", len(events), exc)
                 continue
@@ -373,6 +385,16 @@ class KafkaStore(EventStore):
                 self._landed(event, position.partition, position.offset)
         if failure is not None and not quiet:
             raise failure
+
+    def _still_sending(self, sendings: list[_Sending]) -> None:
+        """Put sends not acknowledged yet back at the head of their sessions' queues."""
+        seen: set[int] = set()
+        for sending in reversed(sendings):
+            if id(sending) in seen:
+                continue
+            seen.add(id(sending))
+            for key in {(e.user_id, e.session_id) for e in sending[0]}:
+                self._watch(key).sending.insert(0, sending)
 
     def _landed(self, event: Event, partition: int, offset: int) -> None:
         watch = self._watch((event.user_id, event.session_id))

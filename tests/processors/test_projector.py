@@ -15,15 +15,13 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, ConsumerRecord
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import Scope
 from loomflow.schemas import Checkpoint, Message, TurnAppended
 from loomflow.schemas.events import MAX_EVENT_BYTES, TurnAppendedPayload
-from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.kafka_env import ROOT, KafkaEnv, session_events, topic_configs
 from tests.support.readmodel import fold_of, in_postgres, log_events, read_records
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
@@ -408,13 +406,5 @@ async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv)
     assert turns == [12, 9]
     await runtime.close()
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=env.bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_configs(
-            [ConfigResource(ConfigResourceType.TOPIC, env.topics.snapshots)]
-        )
-    finally:
-        await admin.close()
-    configs = {entry[0]: entry[1] for r in described for res in r.resources for entry in res[4]}
-    assert configs["cleanup.policy"] == "compact"
+    configs = await topic_configs(env.bootstrap, env.topics.snapshots)
+    assert configs[env.topics.snapshots]["cleanup.policy"] == "compact"

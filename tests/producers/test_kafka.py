@@ -7,8 +7,6 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.partitioner import DefaultPartitioner
 
 from loomflow.errors import StoreError
@@ -16,7 +14,7 @@ from loomflow.producers import EventProducer, Topics, ensure_topics, scope_key
 from loomflow.producers import kafka as producers_kafka
 from loomflow.schemas import Event, Message, RunStarted, TurnAppended, new_id
 from loomflow.schemas.codec import decode_event
-from tests.support.kafka_env import KafkaEnv
+from tests.support.kafka_env import KafkaEnv, topic_configs
 from tests.support.services import kafka_bootstrap
 
 pytestmark = pytest.mark.kafka
@@ -31,22 +29,7 @@ async def topics() -> Topics:
 
 async def test_topics_get_the_designed_configs(topics: Topics) -> None:
     await ensure_topics(kafka_bootstrap(), topics)  # again: a no-op
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap())
-    await admin.start()
-    try:
-        described = await admin.describe_configs(
-            [
-                ConfigResource(ConfigResourceType.TOPIC, name)
-                for name in (topics.events, topics.snapshots)
-            ]
-        )
-    finally:
-        await admin.close()
-    configs = {
-        resource[3]: {entry[0]: entry[1] for entry in resource[4]}
-        for response in described
-        for resource in response.resources
-    }
+    configs = await topic_configs(kafka_bootstrap(), topics.events, topics.snapshots)
     assert configs[topics.events]["cleanup.policy"] == "delete"
     assert configs[topics.events]["retention.ms"] == "-1"
     assert configs[topics.snapshots]["cleanup.policy"] == "compact"

@@ -16,6 +16,7 @@ from typing import Any
 import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
@@ -41,16 +42,22 @@ class KafkaEnv:
     extra_topics: list[str] = field(default_factory=list)
 
     @classmethod
-    async def create(cls, partitions: int = 2) -> KafkaEnv:
+    async def create(cls, partitions: int = 2, **settings: Any) -> KafkaEnv:
+        """Topics made now; ``settings`` override the defaults (a ``kafka_bootstrap`` of
+        another cluster, ``topic_replication``, ...)."""
         tag = secrets.token_hex(5)
+        if "kafka_bootstrap" not in settings:
+            settings["kafka_bootstrap"] = kafka_bootstrap()
         env = cls(
             settings=Settings(
-                kafka_bootstrap=kafka_bootstrap(),
-                postgres_dsn=postgres_dsn(),
-                db_schema=f"lf_test_{tag}",
-                topic_prefix=f"lf-test-{tag}",
-                topic_partitions=partitions,
-                processor_id=f"lf-test-{tag}",
+                **{
+                    "postgres_dsn": postgres_dsn(),
+                    "db_schema": f"lf_test_{tag}",
+                    "topic_prefix": f"lf-test-{tag}",
+                    "topic_partitions": partitions,
+                    "processor_id": f"lf-test-{tag}",
+                    **settings,
+                }
             ),
             tag=tag,
         )
@@ -80,14 +87,18 @@ class KafkaEnv:
     def variables(self) -> dict[str, str]:
         """The LOOMFLOW_* variables that configure a process like this environment."""
         s = self.settings
-        return {
+        variables = {
             "LOOMFLOW_KAFKA_BOOTSTRAP": s.kafka_bootstrap,
             "LOOMFLOW_POSTGRES_DSN": s.postgres_dsn,
             "LOOMFLOW_SCHEMA": s.db_schema,
             "LOOMFLOW_TOPIC_PREFIX": s.topic_prefix,
             "LOOMFLOW_TOPIC_PARTITIONS": str(s.topic_partitions),
+            "LOOMFLOW_TOPIC_REPLICATION": str(s.topic_replication),
             "LOOMFLOW_PROCESSOR_ID": s.processor_id,
         }
+        if s.topic_min_insync_replicas is not None:
+            variables["LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS"] = str(s.topic_min_insync_replicas)
+        return variables
 
     def projector(self, **options: Any) -> Projector:
         return Projector(
@@ -163,12 +174,13 @@ class KafkaEnv:
         finally:
             await conn.close()
         await drop_environment(self.settings)
-        # `loomflow analytics`, run on this environment, made its table's topics
+        # the faust apps run on this environment (`loomflow processor`, `loomflow analytics`)
+        # made their tables' and assignors' topics
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap)
         await admin.start()
         try:
-            group = self.settings.analytics_group
-            ours = [t for t in await admin.list_topics() if t.startswith(f"{group}-")]
+            apps = f"{self.settings.processor_id}-"
+            ours = [t for t in await admin.list_topics() if t.startswith(apps)]
             if ours:
                 await admin.delete_topics(ours)
         finally:
@@ -246,6 +258,23 @@ def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> Pro
     defaults runs the processor exactly as a user who set nothing would.
     """
     return ProcessorProcess(variables, loglevel=loglevel)
+
+
+async def topic_configs(bootstrap: str, *topics: str) -> dict[str, dict[str, str]]:
+    """Topic -> its configs as the broker describes them (set or defaulted)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in topics]
+        )
+    finally:
+        await admin.close()
+    return {
+        resource[3]: {entry[0]: entry[1] for entry in resource[4]}
+        for response in described
+        for resource in response.resources
+    }
 
 
 def session_events(
