@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from loomflow.errors import (
     InvalidEventError,
     LoomflowError,
+    StoreUnavailableError,
 )
 from loomflow.runtime.scope import Scope
 from loomflow.schemas import (
@@ -30,6 +31,26 @@ DEFAULT_RETRY_SECONDS = 60.0
 logger = logging.getLogger("loomflow.runtime")
 
 E = TypeVar("E", bound=EventBase)
+T = TypeVar("T")
+
+#: the least time a write is given before it counts as failed, whatever is left of the
+#: window: an append that has not returned by then means the store is away
+MIN_ATTEMPT_SECONDS = 5.0
+
+
+async def _within(give_up: float, work: Awaitable[T]) -> T:
+    """Await ``work`` until ``give_up`` (a loop time), or MIN_ATTEMPT_SECONDS if that is
+    later; past it, StoreUnavailableError (retriable): a client that waits on a server
+    that is gone (Kafka's producer does, for its request timeout) does not hold the run
+    past its runtime's retry_seconds."""
+    bound = max(give_up - asyncio.get_running_loop().time(), MIN_ATTEMPT_SECONDS)
+    try:
+        async with asyncio.timeout(bound):
+            return await work
+    except TimeoutError as exc:
+        raise StoreUnavailableError(
+            f"the store did not answer a write within {bound:.0f} s: it is away or overloaded"
+        ) from exc
 
 
 class SessionWriter:
@@ -137,7 +158,7 @@ class SessionWriter:
         failures = 0
         while True:
             try:
-                await self._append(batch, durable=durable)
+                await _within(give_up, self._append(batch, durable=durable))
                 return event
             except InvalidEventError:
                 raise
@@ -176,7 +197,7 @@ class SessionWriter:
         delay = 0.05
         while True:
             try:
-                await self._resolve_doubt()
+                await _within(give_up, self._resolve_doubt())
                 return
             except InvalidEventError:
                 raise

@@ -22,7 +22,6 @@ from loomflow import Role
 from loomflow.errors import StoreUnavailableError
 from loomflow.producers import scope_key
 from loomflow.runtime import KafkaRuntime
-from loomflow.runtime.writer import SessionWriter
 from loomflow.schemas import Event, TurnAppended
 from tests.faults.conftest import Trials
 from tests.support.kafka_env import ROOT, KafkaEnv, topic_configs
@@ -193,7 +192,7 @@ async def fails_clearly_without_two(
 ) -> None:
     """SIGKILL a second broker mid-run (``dead`` is down already; the one killed now is the
     session's partition leader if ``leader``): with one replica left, the run fails with
-    the retriable StoreUnavailableError soon after SessionWriter.retry_seconds instead of
+    the retriable StoreUnavailableError soon after the runtime's retry_seconds instead of
     hanging, and so does another process's run, whose runtime then closes at once. Once
     the brokers are back the session resumes and finishes, and only calls whose answer
     was not acknowledged run again."""
@@ -202,34 +201,35 @@ async def fails_clearly_without_two(
     other = env.runtime()  # another process's, closed when its run fails, as `async with` does
     note_acknowledged(other, acked, patch)
     bystander = Research(passes=FAILING_PASSES)
-    with pytest.MonkeyPatch.context() as retrying:
-        retrying.setattr(SessionWriter, "retry_seconds", RETRY_SECONDS)
-        runs = [
-            asyncio.create_task(agent.run("Research.", session_id=session)),
-            asyncio.create_task(
-                bystander.agent(other, latency=0.03).run("Research.", session_id=f"{session}-b")
-            ),
-        ]
-        await eventually(
-            lambda: min(research.model_calls, bystander.model_calls) >= 10,
-            what="the runs to be under way",
-        )
-        lead = await leader_of(env, session)
-        victim = lead if leader else next(n for n in NODES if n not in (dead, lead))
-        await asyncio.to_thread(cluster, "kill", str(victim))
-        # a hang is a failure too: the bound is the writer's retry time plus a few waits
-        # for acknowledgements (the failed write, the look at what landed, the run's
-        # failure event)
-        bound = RETRY_SECONDS + 4 * ACK_TIMEOUT + 15
-        await asyncio.wait(runs, timeout=bound)
-        if not all(run.done() for run in runs):
-            for run in runs:
-                run.cancel()
-            pytest.fail(f"a run neither went on nor failed {bound:.0f} s after the kill")
+    riding_out = runtime.retry_seconds
+    runtime.retry_seconds = other.retry_seconds = RETRY_SECONDS
+    runs = [
+        asyncio.create_task(agent.run("Research.", session_id=session)),
+        asyncio.create_task(
+            bystander.agent(other, latency=0.03).run("Research.", session_id=f"{session}-b")
+        ),
+    ]
+    await eventually(
+        lambda: min(research.model_calls, bystander.model_calls) >= 10,
+        what="the runs to be under way",
+    )
+    lead = await leader_of(env, session)
+    victim = lead if leader else next(n for n in NODES if n not in (dead, lead))
+    await asyncio.to_thread(cluster, "kill", str(victim))
+    # a hang is a failure too: the bound is the writer's retry time plus a few waits
+    # for acknowledgements (the failed write, the look at what landed, the run's
+    # failure event)
+    bound = RETRY_SECONDS + 4 * ACK_TIMEOUT + 15
+    await asyncio.wait(runs, timeout=bound)
+    if not all(run.done() for run in runs):
         for run in runs:
-            with pytest.raises(StoreUnavailableError, match="acknowledge"):
-                run.result()
-        await asyncio.wait_for(other.close(), ACK_TIMEOUT + 15)
+            run.cancel()
+        pytest.fail(f"a run neither went on nor failed {bound:.0f} s after the kill")
+    for run in runs:
+        with pytest.raises(StoreUnavailableError, match="acknowledge"):
+            run.result()
+    runtime.retry_seconds = riding_out
+    await asyncio.wait_for(other.close(), ACK_TIMEOUT + 15)
     answered = acknowledged_turns(acked, session)
 
     await asyncio.to_thread(cluster, "start")
