@@ -149,12 +149,12 @@ class SessionWriter:
             return await self._write_alone(cls, payload, durable=durable)
 
     async def _write_alone(self, cls: type[E], payload: Any, *, durable: bool) -> E:
+        give_up = asyncio.get_running_loop().time() + self.runtime.retry_seconds
         if self._in_doubt:
-            await self._resolve_doubt()
+            await _within(give_up, self._resolve_doubt())
         staged, self._staged = self._staged, []
         event = self.make(cls, payload)
         batch = [*staged, cast(Event, event)]
-        give_up = asyncio.get_running_loop().time() + self.runtime.retry_seconds
         failures = 0
         while True:
             try:
