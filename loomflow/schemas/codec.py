@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import json
 import math
 import pickle
 import uuid
@@ -32,6 +33,7 @@ __all__ = [
     "decode_event",
     "decode_value",
     "dumps",
+    "dumps_plain",
     "encode_event",
     "encode_value",
     "input_hash",
@@ -54,6 +56,18 @@ def dumps(value: Any) -> bytes:
     if b"null" in encoded and _non_finite(value):
         raise SerializationError("value holds NaN or an infinity, which JSON cannot hold")
     return encoded
+
+
+def dumps_plain(value: Any) -> bytes:
+    """Encode a value that is plain JSON already, as a signal payload or run metadata
+    must be: what ``dumps`` takes, less what it converts by itself (dates, UUIDs,
+    dataclasses), which a reader would get back as something else. Raise
+    SerializationError otherwise."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"value is not JSON: {exc}") from exc
+    return dumps(value)
 
 
 def _non_finite(value: Any) -> bool:
