@@ -197,6 +197,22 @@ async def _call(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_any_positive_limit_lists(backend: str, tmp_path: Path, trials: Trials) -> None:
+    """A limit past what SQL holds lists everything (SQLite raised OverflowError)."""
+    with _opened(backend, tmp_path) as (run, runtime):
+        agent = run(Research(passes=3).ran(runtime))
+
+        @fuzz_settings(trials(ci=20, soak=500))
+        @given(limit=st.integers(min_value=1))
+        @example(limit=2**70)
+        def check(limit: int) -> None:
+            metas = run(agent.list_checkpoints("s1", limit))
+            assert len(metas) == min(limit, 3)
+
+        check()
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="Runtime.fork_origin (loomflow/runtime/base.py) looks the id up unchecked: "
