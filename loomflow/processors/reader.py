@@ -211,8 +211,17 @@ _EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, ep
 
 
 def _last_position(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'").fetchone()
-    return int(row[0]) if row else 0
+    """The position of the log's newest record (an event or a prune note); 0 when empty.
+
+    Not the table's sqlite_sequence: it also counts positions no row holds (an insert
+    another program made that was ignored, newest rows it deleted), and a reader that
+    waited to reach one would never be at the end.
+    """
+    row = conn.execute(
+        "SELECT max(coalesce((SELECT max(position) FROM loomflow_events), 0), "
+        "coalesce((SELECT max(position) FROM loomflow_log_notes), 0))"
+    ).fetchone()
+    return int(row[0])
 
 
 def _event_record(row: Sequence[Any]) -> LogRecord:
