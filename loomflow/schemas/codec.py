@@ -108,9 +108,29 @@ def decode_event(data: bytes | str | dict[str, Any]) -> Event:
         except orjson.JSONDecodeError as exc:
             raise InvalidEventError(f"invalid event: Invalid JSON: {exc}") from exc
     try:
-        return event_adapter().validate_python(data)
+        event = event_adapter().validate_python(data)
     except ValidationError as exc:
         raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
+    _in_utc(event.at, "at")
+    if event.type == "run.waiting":
+        _in_utc(event.payload.until, "payload.until")
+    return event
+
+
+def _in_utc(moment: dt.datetime | None, what: str) -> None:
+    """Refuse a time without a zone, or one that has no UTC time (year 1 at +01:00): the
+    stores write times in UTC, and readers compare and convert them (a naive one made
+    the analytics count raise TypeError, one out of range OverflowError)."""
+    if moment is None:
+        return
+    if moment.utcoffset() is None:
+        raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} has no time zone")
+    try:
+        moment.astimezone(dt.UTC)
+    except OverflowError:
+        raise InvalidEventError(
+            f"invalid event: {what} {moment.isoformat()} is out of range in UTC"
+        ) from None
 
 
 def _short(exc: ValidationError) -> str:
