@@ -117,20 +117,27 @@ def decode_event(data: bytes | str | dict[str, Any]) -> Event:
     return event
 
 
+#: the first and last times a store keeps as times: PostgreSQL (asyncpg) writes these
+#: two as -infinity and infinity, and reads them back without a zone
+_EARLIEST = dt.datetime.min.replace(tzinfo=dt.UTC)
+_LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
 def _in_utc(moment: dt.datetime | None, what: str) -> None:
-    """Refuse a time without a zone, or one that has no UTC time (year 1 at +01:00): the
-    stores write times in UTC, and readers compare and convert them (a naive one made
-    the analytics count raise TypeError, one out of range OverflowError)."""
+    """Refuse a time without a zone, or one with no UTC time strictly inside the years
+    1 to 9999 (year 1 at +01:00): the stores write times in UTC, and readers compare and
+    convert them (a naive one made the analytics count raise TypeError, one out of range
+    OverflowError)."""
     if moment is None:
         return
     if moment.utcoffset() is None:
         raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} has no time zone")
     try:
-        moment.astimezone(dt.UTC)
+        inside = _EARLIEST < moment.astimezone(dt.UTC) < _LATEST
     except OverflowError:
-        raise InvalidEventError(
-            f"invalid event: {what} {moment.isoformat()} is out of range in UTC"
-        ) from None
+        inside = False
+    if not inside:
+        raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} is out of range")
 
 
 def _short(exc: ValidationError) -> str:
