@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from loomflow.errors import CorruptRecordError, LoomflowError, StoreError
+from loomflow.errors import CorruptRecordError, InvalidEventError, LoomflowError, StoreError
 from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
     AddTranscript,
@@ -583,9 +583,18 @@ def apply_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
     changed, changes = project(rows, events, stored)
     for change in changes:
         event = change.event
-        for mutation in change.mutations:
-            apply(conn, event.user_id, event.session_id, mutation)
-        insert_event(conn, event)
+        try:
+            for mutation in change.mutations:
+                apply(conn, event.user_id, event.session_id, mutation)
+            insert_event(conn, event)
+        except sqlite3.IntegrityError as exc:
+            # a stored row the read model does not know of holds its key (a row another
+            # program wrote at the seq, a checkpoint id the session has): refused as an
+            # event, as PostgreSQL refuses it, so only this append fails, not its round
+            raise InvalidEventError(
+                f"{event.type} at seq {event.seq} of session {event.session_id!r} is refused "
+                f"by a row already stored: {exc}"
+            ) from exc
     for row in changed.values():
         save_session(conn, row)
 
