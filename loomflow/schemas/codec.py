@@ -150,8 +150,12 @@ def _short(exc: ValidationError) -> str:
 
 
 def _tag(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):  # JSON writers and readers keep 64 bits, not more
+        return value if _INT64[0] <= value <= _INT64[1] else {_TAG: "int", "v": str(value)}
+    if isinstance(value, str):
+        return _text(value)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             return {_TAG: "float", "v": repr(value)}
@@ -165,7 +169,7 @@ def _tag(value: Any) -> Any:
                 raise SerializationError(
                     f"dict key {key!r} of type {type(key).__name__} is not a string"
                 )
-            out[key] = _tag(item)
+            out[_text(key)] = _tag(item)
         if _TAG in value:
             return {_TAG: "dict", "v": out}
         return out
@@ -191,7 +195,23 @@ def _tag(value: Any) -> Any:
     )
 
 
+#: the ints orjson writes (and reads back as ints)
+_INT64 = (-(2**63), 2**64 - 1)
+
+
+def _text(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"text {value[:40]!r} holds a lone surrogate, which JSON cannot hold"
+            ) from exc
+    return value
+
+
 _SCALARS: dict[str, Callable[[Any], Any]] = {
+    "int": int,
     "float": float,
     "bytes": base64.b64decode,
     "datetime": dt.datetime.fromisoformat,
@@ -221,12 +241,22 @@ def _untag(value: Any) -> Any:
         if tag == "tuple":
             return tuple(_untag(v) for v in inner)
         if tag == "set":
-            return {_untag(v) for v in inner}
+            return {_frozen(_untag(v)) for v in inner}
         if tag in _SCALARS:
             return _SCALARS[tag](inner)
     except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
         raise CorruptRecordError(f"tagged JSON value {tag!r} does not decode: {exc}") from exc
     raise CorruptRecordError(f"unknown tagged JSON type {tag!r}")
+
+
+def _frozen(member: Any) -> Any:
+    """A member of a set as the hashable value it was: a set in a set was a frozenset
+    (and so was one in a tuple in a set), which decodes as a set."""
+    if isinstance(member, set):
+        return frozenset(member)
+    if isinstance(member, tuple):
+        return tuple(_frozen(item) for item in member)
+    return member
 
 
 def encode_value(value: Any, serializer: Serializer = "json") -> Any:
