@@ -8,7 +8,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from loomflow.errors import SerializationError
 from loomflow.schemas import validate_id
+from loomflow.schemas.codec import dumps_plain
 
 __all__ = ["RunContext", "get_run_context"]
 
@@ -20,7 +22,9 @@ class RunContext:
     A caller may build one and pass it as ``run(..., context=...)``; the run fills in
     what it decides itself (the session id of a new session, the run id) and the keywords
     given to ``run`` override the context's fields. Immutable: ``metadata`` is a read-only
-    mapping.
+    mapping. It is written into the run's log as JSON, so it must be plain JSON (str
+    keys; no NaN, dates or sets): anything else is a SerializationError before the run
+    starts.
     """
 
     user_id: str | None = None
@@ -35,7 +39,12 @@ class RunContext:
             validate_id(self.session_id, "RunContext.session_id")
         if not isinstance(self.metadata, Mapping):
             raise TypeError("RunContext.metadata must be a mapping")
-        object.__setattr__(self, "metadata", MappingProxyType(dict(self.metadata)))
+        metadata = dict(self.metadata)
+        try:  # checked here, before a run writes it into its run.started
+            dumps_plain(metadata)
+        except SerializationError as exc:
+            raise SerializationError(f"RunContext.metadata: {exc}") from None
+        object.__setattr__(self, "metadata", MappingProxyType(metadata))
 
     def merged(
         self,

@@ -167,16 +167,20 @@ class _SqliteReader(LogReader):
             await asyncio.sleep(min(_SQLITE_POLL_SECONDS, max(0.0, deadline - loop.time())))
 
     def _fetch(self, conn: sqlite3.Connection, limit: int) -> list[LogRecord]:
-        rows = conn.execute(
+        from loomflow.projections.sqlite import fetch_log_rows
+
+        rows = fetch_log_rows(
+            conn,
             f"SELECT {_EVENT_COLUMNS} FROM loomflow_events WHERE position > ? "
             "ORDER BY position LIMIT ?",
             (self._after, limit),
-        ).fetchall()
-        notes = conn.execute(
-            "SELECT position, user_id, session_id, seqs, through_seq, at FROM loomflow_log_notes "
-            "WHERE position > ? ORDER BY position LIMIT ?",
+        )
+        notes = fetch_log_rows(
+            conn,
+            f"SELECT {_NOTE_COLUMNS} FROM loomflow_log_notes WHERE position > ? "
+            "ORDER BY position LIMIT ?",
             (self._after, limit),
-        ).fetchall()
+        )
         records = sorted(
             [_event_record(row) for row in rows] + [_note_record(row) for row in notes],
             key=lambda r: r.offset,
@@ -211,8 +215,31 @@ _EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, ep
 
 
 def _last_position(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'").fetchone()
-    return int(row[0]) if row else 0
+    """The position of the log's newest record (an event or a prune note); 0 when empty.
+
+    Not the table's sqlite_sequence: it also counts positions no row holds (an insert
+    another program made that was ignored, newest rows it deleted), and a reader that
+    waited to reach one would never be at the end.
+    """
+    row = conn.execute(
+        "SELECT max(coalesce((SELECT max(position) FROM loomflow_events), 0), "
+        "coalesce((SELECT max(position) FROM loomflow_log_notes), 0))"
+    ).fetchone()
+    return int(row[0])
+
+
+_NOTE_COLUMNS = "position, user_id, session_id, seqs, through_seq, at"
+
+
+def _unreadable(columns: str, row: Sequence[Any], error: str) -> LogRecord:
+    """A row that does not decode, kept as JSON of its columns (bytes as escaped text)."""
+    raw = orjson.dumps(
+        dict(zip(columns.split(", "), row, strict=True)),
+        default=lambda value: (
+            value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
+        ),
+    )
+    return LogRecord(0, row[0], None, error=error, raw=raw, partitioned=False)
 
 
 def _event_record(row: Sequence[Any]) -> LogRecord:
@@ -221,20 +248,22 @@ def _event_record(row: Sequence[Any]) -> LogRecord:
     try:
         event = decode_event_row(row)
     except CorruptRecordError as exc:
-        raw = orjson.dumps(dict(zip(_EVENT_COLUMNS.split(", "), row, strict=True)))
-        return LogRecord(0, row[0], None, error=str(exc), raw=raw, partitioned=False)
+        return _unreadable(_EVENT_COLUMNS, row, str(exc))
     return LogRecord(0, row[0], event, partitioned=False)
 
 
 def _note_record(row: Sequence[Any]) -> LogRecord:
     position, user_id, session_id, seqs, through_seq, at = row
-    note = PruneNote(
-        user_id=user_id or None,
-        session_id=session_id,
-        seqs=None if seqs is None else tuple(orjson.loads(seqs)),
-        through_seq=through_seq,
-        at=datetime.fromisoformat(at),
-    )
+    try:
+        note = PruneNote(
+            user_id=user_id or None,
+            session_id=session_id,
+            seqs=None if seqs is None else tuple(orjson.loads(seqs)),
+            through_seq=through_seq,
+            at=datetime.fromisoformat(at),
+        )
+    except (ValueError, TypeError) as exc:
+        return _unreadable(_NOTE_COLUMNS, row, f"prune note {position} does not decode: {exc}")
     return LogRecord(0, position, None, note=note, partitioned=False)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from loomflow.errors import CorruptRecordError, LoomflowError, StoreError
+from loomflow.errors import CorruptRecordError, InvalidEventError, LoomflowError, StoreError
 from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
     AddTranscript,
@@ -50,6 +50,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "apply",
     "decode_event_row",
+    "fetch_log_rows",
     "insert_event",
     "list_sessions",
     "load_session",
@@ -448,12 +449,34 @@ def read_events(
 ) -> list[Event]:
     """The session's events with lo <= seq <= hi; a row that does not decode is skipped
     with a warning, so one bad row never stops a reader of the log."""
-    rows = conn.execute(
+    rows = fetch_log_rows(
+        conn,
         f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE user_id = ? AND session_id = ? "
         "AND seq >= ? AND seq <= ? ORDER BY seq",
         (_uid(user_id), session_id, lo, hi),
-    ).fetchall()
+    )
     return decoded_events(rows, decode_event_row)
+
+
+def fetch_log_rows(conn: sqlite3.Connection, query: str, params: Sequence[Any]) -> list[Any]:
+    """The rows of a query of the log, also when a text value in them is not UTF-8 (a
+    damaged file, another program's write): those are read with escapes, so the row is
+    one that does not decode instead of an error that stops every reader of the log at
+    it. The escaping costs a call a value, so it is only used once SQLite fails."""
+    try:
+        return conn.execute(query, params).fetchall()
+    except sqlite3.OperationalError as exc:
+        if "decode" not in str(exc):
+            raise
+    conn.text_factory = _escaped
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.text_factory = str
+
+
+def _escaped(text: bytes) -> str:
+    return text.decode("utf-8", "backslashreplace")
 
 
 def read_transcript(
@@ -560,9 +583,18 @@ def apply_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
     changed, changes = project(rows, events, stored)
     for change in changes:
         event = change.event
-        for mutation in change.mutations:
-            apply(conn, event.user_id, event.session_id, mutation)
-        insert_event(conn, event)
+        try:
+            for mutation in change.mutations:
+                apply(conn, event.user_id, event.session_id, mutation)
+            insert_event(conn, event)
+        except sqlite3.IntegrityError as exc:
+            # a stored row the read model does not know of holds its key (a row another
+            # program wrote at the seq, a checkpoint id the session has): refused as an
+            # event, as PostgreSQL refuses it, so only this append fails, not its round
+            raise InvalidEventError(
+                f"{event.type} at seq {event.seq} of session {event.session_id!r} is refused "
+                f"by a row already stored: {exc}"
+            ) from exc
     for row in changed.values():
         save_session(conn, row)
 

@@ -31,9 +31,15 @@ def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[
     The first row must be the transcript's base (or the session's first event), so
     concatenation is the whole fold. A row that does not decode is named by its seq.
     """
+    for seq, payload in rows:
+        if not isinstance(payload, str):  # a BLOB another program wrote, say
+            raise CorruptRecordError(
+                f"log row of session {session_id!r}, seq {seq} does not decode: its payload "
+                f"is {type(payload).__name__}, not JSON text"
+            )
     try:
         parts = _parts().validate_json("[" + ",".join(row[1] for row in rows) + "]")
-    except ValidationError:
+    except ValidationError as failed:
         for seq, payload in rows:  # find the row to blame
             try:
                 _TranscriptPart.model_validate_json(payload)
@@ -42,5 +48,9 @@ def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[
                     f"log row of session {session_id!r}, seq {seq} does not decode: "
                     f"{exc.errors()[0]['msg']}"
                 ) from exc
-        raise
+        # each row alone decodes, their concatenation not: a row's text ends early
+        raise CorruptRecordError(
+            f"the transcript rows of session {session_id!r} do not decode together: "
+            f"{failed.errors()[0]['msg']}"
+        ) from failed
     return [message for part in parts for message in part.messages]

@@ -84,8 +84,11 @@ class Journal:
 
         ``fn`` may be a plain or a coroutine function; the step returns its (awaited) result.
         """
-        if not isinstance(key, str) or not key:
-            raise ValueError("a step key must be a non-empty string")
+        if not isinstance(key, str) or not key or not _storable(key):
+            raise ValueError(
+                "a step key must be a non-empty string without NUL or lone surrogates "
+                f"(every store keeps it as text), not {key!r}"
+            )
         runtime = self._writer.runtime
         full_key = self._prefix + key
         digest = input_hash([list(args), kwargs])
@@ -109,3 +112,13 @@ class Journal:
     @staticmethod
     def deactivate(token: contextvars.Token[Journal | None]) -> None:
         _current_journal.reset(token)
+
+
+def _storable(key: str) -> bool:
+    """Whether every store keeps ``key`` as it is: PostgreSQL's text refuses NUL, and no
+    JSON holds a lone surrogate."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in key

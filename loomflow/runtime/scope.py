@@ -28,6 +28,13 @@ class Scope:
     session_id: str
     user_id: str | None = None
 
+    def __post_init__(self) -> None:
+        # a Scope is a key of the stores and of the log: one made directly (an argument
+        # of Runtime.fork, say) is checked as one made by ``of``
+        validate_id(self.session_id, "session_id")
+        if self.user_id is not None:
+            validate_id(self.user_id, "user_id")
+
     @classmethod
     def of(cls, session_id: object, user_id: object = None) -> Scope:
         """Validate ids supplied by a caller and return their scope."""

@@ -28,6 +28,9 @@ from loomflow.schemas.events import (
 
 __all__ = ["DatabaseStore", "EventStore", "prune_filter"]
 
+#: the largest LIMIT both SQL dialects take (a 64-bit int); a larger one lists them all
+_MAX_LIMIT = 2**63 - 1
+
 
 class EventStore(Resource, ABC):
     """A log of events plus the read model folded from it.
@@ -252,7 +255,7 @@ class DatabaseStore(EventStore):
             None if any_user else user_id,
             any_user,
             parent_session_id,
-            limit,
+            min(limit, _MAX_LIMIT),
             status,
         )
         return rows
@@ -268,7 +271,9 @@ class DatabaseStore(EventStore):
         return row
 
     async def list_checkpoints(self, scope: Scope, limit: int) -> list[CheckpointRow]:
-        rows: list[CheckpointRow] = await self._read(self.queries.list_checkpoints, scope, limit)
+        rows: list[CheckpointRow] = await self._read(
+            self.queries.list_checkpoints, scope, min(limit, _MAX_LIMIT)
+        )
         return rows
 
     async def transcript(

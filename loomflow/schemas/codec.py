@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import json
 import math
 import pickle
 import uuid
@@ -32,6 +33,7 @@ __all__ = [
     "decode_event",
     "decode_value",
     "dumps",
+    "dumps_plain",
     "encode_event",
     "encode_value",
     "input_hash",
@@ -54,6 +56,18 @@ def dumps(value: Any) -> bytes:
     if b"null" in encoded and _non_finite(value):
         raise SerializationError("value holds NaN or an infinity, which JSON cannot hold")
     return encoded
+
+
+def dumps_plain(value: Any) -> bytes:
+    """Encode a value that is plain JSON already, as a signal payload or run metadata
+    must be: what ``dumps`` takes, less what it converts by itself (dates, UUIDs,
+    dataclasses), which a reader would get back as something else. Raise
+    SerializationError otherwise."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"value is not JSON: {exc}") from exc
+    return dumps(value)
 
 
 def _non_finite(value: Any) -> bool:
@@ -79,18 +93,51 @@ def encode_event(event: BaseModel) -> bytes:
 
 
 def decode_event(data: bytes | str | dict[str, Any]) -> Event:
-    """Validate one event strictly; raise InvalidEventError with the reason otherwise."""
-    if isinstance(data, dict):
+    """Validate one event strictly; raise InvalidEventError with the reason otherwise.
+
+    JSON text is parsed by orjson, as the projector parses a record: every reader of the
+    log takes and refuses the same events. (pydantic's own parser takes ints past 64
+    bits, which orjson reads as floats and the int fields then refuse: an analytics
+    consumer counted, and crashed on, an epoch the projector dead-lettered.)
+    """
+    if not isinstance(data, dict):
+        if len(data) > MAX_EVENT_BYTES:
+            raise InvalidEventError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
         try:
-            return event_adapter().validate_python(data)
-        except ValidationError as exc:
-            raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
-    if len(data) > MAX_EVENT_BYTES:
-        raise InvalidEventError(f"event of {len(data)} bytes exceeds {MAX_EVENT_BYTES}")
+            data = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidEventError(f"invalid event: Invalid JSON: {exc}") from exc
     try:
-        return event_adapter().validate_json(data)
+        event = event_adapter().validate_python(data)
     except ValidationError as exc:
         raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
+    _in_utc(event.at, "at")
+    if event.type == "run.waiting":
+        _in_utc(event.payload.until, "payload.until")
+    return event
+
+
+#: the first and last times a store keeps as times: PostgreSQL (asyncpg) writes these
+#: two as -infinity and infinity, and reads them back without a zone
+_EARLIEST = dt.datetime.min.replace(tzinfo=dt.UTC)
+_LATEST = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+def _in_utc(moment: dt.datetime | None, what: str) -> None:
+    """Refuse a time without a zone, or one with no UTC time strictly inside the years
+    1 to 9999 (year 1 at +01:00): the stores write times in UTC, and readers compare and
+    convert them (a naive one made the analytics count raise TypeError, one out of range
+    OverflowError)."""
+    if moment is None:
+        return
+    if moment.utcoffset() is None:
+        raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} has no time zone")
+    try:
+        inside = _EARLIEST < moment.astimezone(dt.UTC) < _LATEST
+    except OverflowError:
+        inside = False
+    if not inside:
+        raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} is out of range")
 
 
 def _short(exc: ValidationError) -> str:
@@ -103,8 +150,12 @@ def _short(exc: ValidationError) -> str:
 
 
 def _tag(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, int):  # JSON writers and readers keep 64 bits, not more
+        return value if _INT64[0] <= value <= _INT64[1] else {_TAG: "int", "v": str(value)}
+    if isinstance(value, str):
+        return _text(value)
     if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             return {_TAG: "float", "v": repr(value)}
@@ -118,7 +169,7 @@ def _tag(value: Any) -> Any:
                 raise SerializationError(
                     f"dict key {key!r} of type {type(key).__name__} is not a string"
                 )
-            out[key] = _tag(item)
+            out[_text(key)] = _tag(item)
         if _TAG in value:
             return {_TAG: "dict", "v": out}
         return out
@@ -144,7 +195,23 @@ def _tag(value: Any) -> Any:
     )
 
 
+#: the ints orjson writes (and reads back as ints)
+_INT64 = (-(2**63), 2**64 - 1)
+
+
+def _text(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"text {value[:40]!r} holds a lone surrogate, which JSON cannot hold"
+            ) from exc
+    return value
+
+
 _SCALARS: dict[str, Callable[[Any], Any]] = {
+    "int": int,
     "float": float,
     "bytes": base64.b64decode,
     "datetime": dt.datetime.fromisoformat,
@@ -174,12 +241,22 @@ def _untag(value: Any) -> Any:
         if tag == "tuple":
             return tuple(_untag(v) for v in inner)
         if tag == "set":
-            return {_untag(v) for v in inner}
+            return {_frozen(_untag(v)) for v in inner}
         if tag in _SCALARS:
             return _SCALARS[tag](inner)
     except (TypeError, ValueError, AttributeError, ArithmeticError) as exc:
         raise CorruptRecordError(f"tagged JSON value {tag!r} does not decode: {exc}") from exc
     raise CorruptRecordError(f"unknown tagged JSON type {tag!r}")
+
+
+def _frozen(member: Any) -> Any:
+    """A member of a set as the hashable value it was: a set in a set was a frozenset
+    (and so was one in a tuple in a set), which decodes as a set."""
+    if isinstance(member, set):
+        return frozenset(member)
+    if isinstance(member, tuple):
+        return tuple(_frozen(item) for item in member)
+    return member
 
 
 def encode_value(value: Any, serializer: Serializer = "json") -> Any:

@@ -57,7 +57,8 @@ def validate_id(value: object, what: str) -> str:
     """Return ``value`` if it is usable as a session, user or checkpoint id, else raise."""
     if not isinstance(value, str):
         raise InvalidIdError(f"{what} must be a string, got {type(value).__name__}")
-    if not value or len(value) > MAX_ID_LENGTH or not _ID_RE.match(value):
+    # fullmatch, not match: ``$`` also matches before a trailing newline ("s1\n")
+    if not value or len(value) > MAX_ID_LENGTH or not _ID_RE.fullmatch(value):
         raise InvalidIdError(
             f"invalid {what} {value[:60]!r}: use 1-{MAX_ID_LENGTH} characters from "
             "letters, digits and . _ : @ + = - (starting with a letter or digit)"

@@ -84,11 +84,11 @@ class Message(BaseModel):
 
     @classmethod
     def system(cls, content: str) -> Message:
-        return cls(role=Role.SYSTEM, content=content)
+        return cls(role=Role.SYSTEM, content=_text(content))
 
     @classmethod
     def user(cls, content: str) -> Message:
-        return cls(role=Role.USER, content=content)
+        return cls(role=Role.USER, content=_text(content))
 
     @classmethod
     def assistant(
@@ -100,14 +100,34 @@ class Message(BaseModel):
     ) -> Message:
         return cls(
             role=Role.ASSISTANT,
-            content=content,
+            content=_text(content),
             tool_calls=tool_calls or [],
             thinking=thinking or [],
         )
 
     @classmethod
     def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> Message:
-        return cls(role=Role.TOOL, content=content, tool_call_id=tool_call_id, is_error=is_error)
+        return cls(
+            role=Role.TOOL, content=_text(content), tool_call_id=tool_call_id, is_error=is_error
+        )
+
+
+def _text(content: str) -> str:
+    """``content`` as JSON can carry it: a lone surrogate becomes U+FFFD (a pair, the
+    character it stands for).
+
+    Python strings may hold lone surrogates (``os.fsdecode`` makes them of file names that
+    are not UTF-8), and no JSON writer takes one: a tool's result or a model's answer
+    holding one would fail every write of its turn, so a resume would run the tool again
+    and fail again. The loop builds its messages with these constructors.
+    """
+    if not isinstance(content, str) or content.isascii():
+        return content  # pydantic says what is wrong with a non-str
+    try:
+        content.encode("utf-8")
+    except UnicodeEncodeError:
+        return content.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return content
 
 
 class Usage(BaseModel):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from loomflow.errors import StoreError
-from loomflow.processors.reader import drain, require_log, sqlite_reader
+from loomflow.processors.reader import LogRecord, drain, require_log, sqlite_reader
 from loomflow.projections import sqlite as sql
 from loomflow.runtime import SqliteRuntime
 from loomflow.schemas import RunStarted
@@ -76,6 +77,23 @@ async def test_start_at_the_end_reads_only_what_comes_after(tmp_path: Path) -> N
         await _run(db, "b")
         later = [r async for batch in drain(reader) for r in batch]
     assert later and {r.event.session_id for r in later if r.event} == {"b"}
+
+
+async def test_a_position_no_row_holds_does_not_keep_a_reader_waiting(tmp_path: Path) -> None:
+    """Another program's insert that was ignored (or its delete of the newest rows)
+    leaves the log's sequence past its last row: the reader is at the end all the same
+    (it waited forever, and so did the audit and the stats; found by fuzzing)."""
+    db = tmp_path / "journal.db"
+    await _run(db, "a")
+    with sqlite3.connect(db) as conn:
+        conn.execute("INSERT OR IGNORE INTO loomflow_events (user_id) VALUES (NULL)")
+    async with sqlite_reader(db) as reader:
+
+        async def read_all() -> list[LogRecord]:
+            return [r async for batch in drain(reader) for r in batch]
+
+        records = await asyncio.wait_for(read_all(), 10)
+    assert records and all(r.event is not None for r in records)
 
 
 async def test_a_missing_file_is_an_error_not_an_empty_log(tmp_path: Path) -> None:
