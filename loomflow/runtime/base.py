@@ -33,6 +33,7 @@ from loomflow.schemas import (
     SignalSent,
     Usage,
     new_id,
+    validate_id,
 )
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.codec import dumps
@@ -269,8 +270,10 @@ class Runtime(Resource):
         """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage and the
         transcript, turn and usage at that checkpoint (the ``session.forked`` payload).
 
-        Raises CheckpointNotFoundError when the checkpoint is not one of ``parent``'s.
+        Raises CheckpointNotFoundError when the checkpoint is not one of ``parent``'s,
+        InvalidIdError when ``checkpoint_id`` is no id at all.
         """
+        validate_id(checkpoint_id, "checkpoint id")
         state = await self.restore(parent, checkpoint_id)
         if state is None:
             raise CheckpointNotFoundError(

@@ -44,10 +44,13 @@ async def _within(give_up: float, work: Awaitable[T]) -> T:
     that is gone (Kafka's producer does, for its request timeout) does not hold the run
     past its runtime's retry_seconds."""
     bound = max(give_up - asyncio.get_running_loop().time(), MIN_ATTEMPT_SECONDS)
+    deadline = asyncio.timeout(bound)
     try:
-        async with asyncio.timeout(bound):
+        async with deadline:
             return await work
     except TimeoutError as exc:
+        if not deadline.expired():
+            raise  # the store's own timeout: its error, as it raised it
         raise StoreUnavailableError(
             f"the store did not answer a write within {bound:.0f} s: it is away or overloaded"
         ) from exc

@@ -218,11 +218,6 @@ def test_any_positive_limit_lists(backend: str, tmp_path: Path, trials: Trials) 
         check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runtime.fork_origin (loomflow/runtime/base.py) looks the id up unchecked: "
-    "CheckpointNotFoundError, where every other invalid id is an InvalidIdError",
-)
 async def test_a_fork_from_an_invalid_checkpoint_id_is_an_invalid_id() -> None:
     runtime = InProcRuntime()
     agent = await Research(passes=1).ran(runtime)
