@@ -149,11 +149,27 @@ def _short(exc: ValidationError) -> str:
 # --- tagged JSON ----------------------------------------------------------------------
 
 
+#: the ints orjson writes (and reads back as ints); wider ones are tagged, in hex (which
+#: has no limit on digits, where decimal conversion stops at 4300)
+_INT64 = (-(2**63), 2**64 - 1)
+
+
+def _text(value: str) -> str:
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SerializationError(
+                f"text {value[:40]!r} holds a lone surrogate, which JSON cannot hold"
+            ) from exc
+    return value
+
+
 def _tag(value: Any) -> Any:
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):  # JSON writers and readers keep 64 bits, not more
-        return value if _INT64[0] <= value <= _INT64[1] else {_TAG: "int", "v": str(value)}
+        return value if _INT64[0] <= value <= _INT64[1] else {_TAG: "int", "v": hex(value)}
     if isinstance(value, str):
         return _text(value)
     if isinstance(value, float):
@@ -195,23 +211,8 @@ def _tag(value: Any) -> Any:
     )
 
 
-#: the ints orjson writes (and reads back as ints)
-_INT64 = (-(2**63), 2**64 - 1)
-
-
-def _text(value: str) -> str:
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise SerializationError(
-                f"text {value[:40]!r} holds a lone surrogate, which JSON cannot hold"
-            ) from exc
-    return value
-
-
 _SCALARS: dict[str, Callable[[Any], Any]] = {
-    "int": int,
+    "int": lambda text: int(text, 16),
     "float": float,
     "bytes": base64.b64decode,
     "datetime": dt.datetime.fromisoformat,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -61,6 +62,11 @@ async def fold_of(events: list[Event]) -> Snapshot:
             await store.append([event])
         except InvalidEventError:
             continue
+    return snapshot_of(store)
+
+
+def snapshot_of(store: InProcStore) -> Snapshot:
+    """The read model an in-process store folded, in the shape ``in_postgres`` reads."""
     snapshot: Snapshot = {}
     for key, entry in store._sessions.items():
         snapshot[key] = {
@@ -72,14 +78,19 @@ async def fold_of(events: list[Event]) -> Snapshot:
     return snapshot
 
 
-async def in_postgres(dsn: str, schema: str) -> Snapshot:
-    """The same shape, read from a PostgreSQL read model."""
+async def in_postgres(
+    dsn: str, schema: str, only: Callable[[str | None, str], bool] | None = None
+) -> Snapshot:
+    """The same shape, read from a PostgreSQL read model (of the sessions ``only``
+    selects, by user and session id)."""
     conn = await asyncpg.connect(dsn)
     try:
         keys = await conn.fetch(f'SELECT user_id, session_id FROM "{schema}".sessions')
         snapshot: Snapshot = {}
         for uid, sid in keys:
             user = uid or None
+            if only is not None and not only(user, sid):
+                continue
             row = await pg.load_session(conn, schema, user, sid)
             assert row is not None
             checkpoints = await pg.list_checkpoints(conn, schema, user, sid, 1 << 30)
