@@ -57,6 +57,15 @@ def abandoned(row: SessionRow, default_lease: float = DEFAULT_LEASE_SECONDS) -> 
     return (utcnow() - row.updated_at).total_seconds() > lease
 
 
+def _text(value: str) -> bool:
+    """Whether every store and JSON can keep ``value``: no NUL, no lone surrogate."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
 def _seconds(name: str, value: object, least: float) -> float:
     """``value`` as a number of seconds from ``least`` to a day, else ValueError."""
     if (
@@ -223,9 +232,10 @@ class Runtime(Resource):
         finished, failed or is stuck), SerializationError for data that is not JSON
         (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
         """
-        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        if not isinstance(name, str) or not name.strip() or len(name) > 200 or not _text(name):
             raise ValueError(
-                f"a signal name must be a non-empty string of <= 200 characters, not {name!r}"
+                "a signal name must be a non-empty string of <= 200 characters, without "
+                f"NUL or lone surrogates, not {name!r}"
             )
         try:  # JSON as the standard has it: no NaN or infinities, no dates or sets
             json.dumps(data, allow_nan=False)

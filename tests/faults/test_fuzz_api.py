@@ -378,11 +378,6 @@ def test_a_signal_payload_is_sent_as_json_or_refused_with_nothing_written(
         check()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runtime.signal (loomflow/runtime/base.py) checks a name's length, not its text: "
-    "a lone surrogate fails building SignalSentPayload (events.py) with pydantic's error",
-)
 async def test_a_signal_name_json_cannot_hold_is_a_typed_error() -> None:
     runtime = InProcRuntime()
     agent = approval_agent(runtime, [])
