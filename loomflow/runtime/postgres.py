@@ -191,7 +191,12 @@ class PostgresStore(DatabaseStore):
         try:
             async with pool.acquire() as conn:
                 return await fn(conn, self.schema, *args)
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+        except (
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            asyncpg.InternalClientError,
+            OSError,
+        ) as exc:
             raise store_error(f"PostgreSQL store {self._where()}: {exc}", exc) from exc
 
     async def close(self) -> None:

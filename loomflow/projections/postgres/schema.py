@@ -162,6 +162,9 @@ _UNAVAILABLE = (
     OSError,
     TimeoutError,
     asyncpg.InterfaceError,  # among them: the connection was closed under us
+    # a connection the server dropped mid-operation (a restart) is left in a state the
+    # driver refuses to go on from: the pool replaces it, and the write is tried again
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.CannotConnectNowError,
     asyncpg.OperatorInterventionError,  # e.g. the server is shutting down
