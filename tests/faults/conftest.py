@@ -3,7 +3,10 @@ counts RELIABILITY.md reports with ``pytest tests/faults --soak``."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import secrets
+import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +15,7 @@ import asyncpg
 import pytest
 
 from loomflow.runtime import PostgresRuntime, Runtime, SqliteRuntime
-from tests.support.kafka_env import KafkaEnv
+from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.services import postgres_dsn
 
 #: how many trials a scenario runs: ``trials(ci=5, soak=50)``
@@ -54,6 +57,28 @@ class Place:
     #: the events a runtime may report before the log acknowledged them (Kafka sends a
     #: prompt without waiting; the next append waits for it)
     sends_ahead: bool = False
+
+    async def agent_process(
+        self, db: Path, session: str, log: Path, *options: str
+    ) -> asyncio.subprocess.Process:
+        """The research agent of tests/support/crash_worker.py in its own process, on this
+        place's storage and configured by its LOOMFLOW_* variables alone, logging its
+        calls and acknowledged events to ``log``; its stderr is piped."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+        env.update(self.variables, PYTHONPATH=str(ROOT))
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.support.crash_worker",
+            str(db),
+            session,
+            str(log),
+            *options,
+            *self.flag,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
 
 
 @pytest.fixture(

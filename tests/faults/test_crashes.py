@@ -13,7 +13,6 @@ import os
 import random
 import secrets
 import signal
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -27,7 +26,7 @@ from loomflow.producers import EventProducer
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import Event, TurnAppended, Usage
 from tests.faults.conftest import Place, Trials
-from tests.support.kafka_env import ROOT, KafkaEnv, session_events
+from tests.support.kafka_env import KafkaEnv, session_events
 from tests.support.readmodel import fold_of, in_postgres, log_events
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
@@ -78,23 +77,8 @@ async def _run_and_kill(
 ) -> Killed:
     """Start the research agent in its own process and SIGKILL it at a random moment:
     once it began a random one of its calls, plus up to one model call's time."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
-    env.update(place.variables, PYTHONPATH=str(ROOT))
-    victim = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "tests.support.crash_worker",
-        str(db),
-        session,
-        str(log),
-        "--passes",
-        str(PASSES),
-        "--latency",
-        str(LATENCY),
-        *place.flag,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
+    victim = await place.agent_process(
+        db, session, log, "--passes", str(PASSES), "--latency", str(LATENCY)
     )
     target = rng.randint(1, CALLS - 1)
     try:

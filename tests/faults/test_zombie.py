@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import signal
-import sys
 from pathlib import Path
 
 from loomflow.runtime import Scope
 from loomflow.schemas import RunStarted
 from tests.faults.conftest import Place, Trials
-from tests.support.kafka_env import ROOT
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
@@ -39,22 +36,7 @@ async def test_a_paused_writer_woken_after_a_take_over_writes_nothing_and_says_s
     the run that took over records that it interrupted the zombie's run."""
     for trial in range(trials(ci=1, soak=5)):
         session, log, db = f"z{trial}", tmp_path / f"calls-{trial}.log", tmp_path / f"{trial}.db"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
-        env.update(place.variables, PYTHONPATH=str(ROOT))
-        zombie = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.support.crash_worker",
-            str(db),
-            session,
-            str(log),
-            "--latency",
-            str(LATENCY),
-            *place.flag,
-            env=env,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        zombie = await place.agent_process(db, session, log, "--latency", str(LATENCY))
         try:
             # the fourth model call has begun: the process is inside it for LATENCY
             await eventually(functools.partial(_began, log, 4), within=120, what="call 4")
