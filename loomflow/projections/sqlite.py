@@ -7,6 +7,7 @@ log table in the same file already holds every turn's messages.
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import time
@@ -48,6 +49,7 @@ from loomflow.schemas import Event, Message
 
 __all__ = [
     "SCHEMA_VERSION",
+    "KnownRows",
     "apply",
     "decode_event_row",
     "fetch_log_rows",
@@ -238,6 +240,31 @@ def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3
     return conn
 
 
+def connect_direct(path: Path) -> sqlite3.Connection:
+    """A second connection to a store that ``connect`` opened, for commits made on the
+    event loop's own thread (see SqliteStore): it never waits for a lock (a busy file
+    raises at once, and the caller commits on the store's thread instead, which waits)
+    and never checkpoints the WAL itself (the store's thread does)."""
+    target = f"{path.resolve().as_uri()}?mode=rw"
+    conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False, uri=True)
+    conn.execute("PRAGMA busy_timeout = 0")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    return conn
+
+
+def checkpoint_wal(conn: sqlite3.Connection) -> None:
+    """Copy what the WAL holds into the database file, so that the next commit writes
+    the WAL from its start again. It holds the write lock meanwhile (a passive checkpoint
+    would not: with appends going on it never catches up, and the WAL grows forever)."""
+    conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchall()
+
+
+def is_busy(exc: sqlite3.OperationalError) -> bool:
+    """Whether SQLite refused because another connection holds the lock it needs."""
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
 def _wal(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
     """Switch the file to WAL mode; the journal mode of the database, as SQLite says.
 
@@ -339,28 +366,79 @@ _SAVE_SESSION = (
 )
 
 
-def save_session(conn: sqlite3.Connection, row: SessionRow) -> None:
-    conn.execute(
-        # an upsert, not INSERT OR REPLACE: an update rewrites only the indexes whose
-        # columns changed, where a replace deletes and re-inserts every index entry
-        _SAVE_SESSION,
-        (
-            _uid(row.user_id),
-            row.session_id,
-            row.status,
-            row.last_seq,
-            row.epoch,
-            row.turns,
-            row.usage.model_dump_json(),
-            row.message_count,
-            row.base_seq,
-            row.parent_session_id,
-            row.parent_checkpoint_id,
-            row.last_run_id,
-            ts(row.created_at),
-            ts(row.updated_at),
-            control_json(row),
-        ),
+def save_session(
+    conn: sqlite3.Connection, row: SessionRow, before: SessionRow | None = None
+) -> None:
+    """Store a session's row. ``before`` is the row as stored (None: perhaps none yet):
+    then only the columns that changed are written, so SQLite leaves alone the indexes
+    of the others (an event changes three or four of fifteen)."""
+    if before is None:
+        conn.execute(
+            # an upsert, not INSERT OR REPLACE: an update rewrites only the indexes whose
+            # columns changed, where a replace deletes and re-inserts every index entry
+            _SAVE_SESSION,
+            (
+                _uid(row.user_id),
+                row.session_id,
+                row.status,
+                row.last_seq,
+                row.epoch,
+                row.turns,
+                row.usage.model_dump_json(),
+                row.message_count,
+                row.base_seq,
+                row.parent_session_id,
+                row.parent_checkpoint_id,
+                row.last_run_id,
+                ts(row.created_at),
+                ts(row.updated_at),
+                control_json(row),
+            ),
+        )
+        return
+    names: list[str] = []
+    values: list[Any] = []
+    for name in _PLAIN_COLUMNS:
+        value = getattr(row, name)
+        if value != getattr(before, name):
+            names.append(name)
+            values.append(value)
+    if row.usage != before.usage:
+        names.append("usage")
+        values.append(row.usage.model_dump_json())
+    if row.created_at != before.created_at:
+        names.append("created_at")
+        values.append(ts(row.created_at))
+    if row.updated_at != before.updated_at:
+        names.append("updated_at")
+        values.append(ts(row.updated_at))
+    control = control_json(row)
+    if control != control_json(before):
+        names.append("control")
+        values.append(control)
+    if names:
+        conn.execute(_update_session(tuple(names)), (*values, _uid(row.user_id), row.session_id))
+
+
+#: the columns stored as they are in the row
+_PLAIN_COLUMNS = (
+    "status",
+    "last_seq",
+    "epoch",
+    "turns",
+    "message_count",
+    "base_seq",
+    "parent_session_id",
+    "parent_checkpoint_id",
+    "last_run_id",
+)
+
+
+@functools.cache
+def _update_session(names: tuple[str, ...]) -> str:
+    return (
+        f"UPDATE loomflow_sessions SET {', '.join(f'{n} = ?' for n in names)} "
+        "WHERE user_id = ? AND session_id = ?"
     )
 
 
@@ -551,34 +629,88 @@ def apply(
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?", scope)
 
 
+class KnownRows:
+    """The session rows this connection committed last, valid while no other connection
+    wrote: ``PRAGMA data_version`` changes when another connection (of this process or
+    another) commits, and only then. An append then folds from the row it already has
+    instead of reading it back and decoding it."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str | None, str], SessionRow] = {}
+        self._version: int | None = None
+
+    def check(self, conn: sqlite3.Connection) -> None:
+        """Inside the write transaction: forget every row if another connection wrote."""
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._version:
+            self.rows.clear()
+            self._version = version
+
+    def forget(self) -> None:
+        self.rows.clear()
+        self._version = None
+
+
 def commit_round(
-    conn: sqlite3.Connection, batches: list[list[Event]]
+    conn: sqlite3.Connection, batches: list[list[Event]], known: KnownRows | None = None
 ) -> list[LoomflowError | None]:
-    """Apply each batch in its own savepoint of one transaction; return each outcome."""
+    """Apply each batch in one transaction; return each outcome. A refused batch fails
+    alone: with several in the round, each has a savepoint of its own.
+
+    ``known`` (the connection's rows of its last commit) saves reading back the rows of
+    sessions that no other connection wrote since.
+    """
     outcomes: list[LoomflowError | None] = []
+    rows = {} if known is None else known.rows
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if known is not None:
+            known.check(conn)
+        if len(batches) == 1:
+            try:
+                changed = apply_events(conn, batches[0], rows)
+            except LoomflowError as exc:  # refused by the fold: nothing of it stays
+                conn.execute("ROLLBACK")
+                return [exc]
+            conn.execute("COMMIT")
+            rows.update(changed)
+            return [None]
+        updates: dict[tuple[str | None, str], SessionRow] = {}
         for events in batches:
             conn.execute("SAVEPOINT batch")
             try:
-                apply_events(conn, events)
+                changed = apply_events(conn, events, {**rows, **updates})
             except LoomflowError as exc:  # refused by the fold: only this batch fails
                 conn.execute("ROLLBACK TO batch")
                 outcomes.append(exc)
             else:
+                updates.update(changed)
                 outcomes.append(None)
             conn.execute("RELEASE batch")
         conn.execute("COMMIT")
+        rows.update(updates)
     except BaseException:
-        conn.execute("ROLLBACK")
+        if known is not None:
+            known.forget()
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     return outcomes
 
 
-def apply_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
+def apply_events(
+    conn: sqlite3.Connection,
+    events: Sequence[Event],
+    known: dict[tuple[str | None, str], SessionRow] | None = None,
+) -> dict[tuple[str | None, str], SessionRow]:
     """Fold events into the read model and append them to the log, in the caller's
-    transaction; a refused event raises and the caller rolls the batch back."""
-    rows = {key: load_session(conn, *key) for key in {(e.user_id, e.session_id) for e in events}}
+    transaction; a refused event raises and the caller rolls the batch back. Return the
+    sessions' new rows. ``known`` holds rows that are current in this transaction."""
+    known = known or {}
+    rows = {
+        key: known[key] if key in known else load_session(conn, *key)
+        for key in {(e.user_id, e.session_id) for e in events}
+    }
     stored = _stored_event_ids(conn, maybe_redelivered(rows, events))
     changed, changes = project(rows, events, stored)
     for change in changes:
@@ -595,8 +727,9 @@ def apply_events(conn: sqlite3.Connection, events: Sequence[Event]) -> None:
                 f"{event.type} at seq {event.seq} of session {event.session_id!r} is refused "
                 f"by a row already stored: {exc}"
             ) from exc
-    for row in changed.values():
-        save_session(conn, row)
+    for key, row in changed.items():
+        save_session(conn, row, rows.get(key))
+    return changed
 
 
 def _stored_event_ids(

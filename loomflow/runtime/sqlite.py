@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -13,7 +16,7 @@ from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import PruneFilter
 from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.runtime.base import Runtime
-from loomflow.runtime.group_commit import GroupCommit
+from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.journal import Serializer
 from loomflow.runtime.scope import PruneResult
 from loomflow.runtime.store import DatabaseStore
@@ -25,17 +28,32 @@ __all__ = ["SqliteRuntime", "SqliteStore"]
 
 T = TypeVar("T")
 
+logger = logging.getLogger("loomflow.runtime")
+
+#: how many events the event loop's connection commits between two WAL checkpoints on
+#: the store's thread. A commit of one event writes its log row and 4-6 pages of indexes
+#: and rows, so the WAL stays under ~30 MB; events committed in one round share pages.
+#: Appends wait while a checkpoint runs, so rarer is better for tails (SQLite's own
+#: default, every 1,000 pages, would checkpoint every ~150 events of a lone session).
+CHECKPOINT_EVERY = 1000
+
 
 class SqliteStore(DatabaseStore):
     """A SQLite file holding the log and its read model.
 
-    All SQLite work runs on one thread owned by this store, so the event loop never
-    blocks on disk. Appends that arrive while the thread is busy are committed together
-    in one transaction (each in its own savepoint, so a refused append fails alone):
+    Reads, opening, migrations, prunes and WAL checkpoints run on one thread owned by
+    this store, so the event loop never waits on them. Appends are committed on the
+    event loop's own thread, through a second connection: a commit in WAL mode with
+    ``synchronous=NORMAL`` writes to the WAL without an fsync (tens of microseconds),
+    less than handing the work to a thread and back costs. That connection never waits:
+    when another connection holds the write lock (another process sharing the file, a
+    prune), the round is committed on the store's thread instead, which waits its turn
+    (``busy_timeout``); and it never checkpoints the WAL, the store's thread does, every
+    ``CHECKPOINT_EVERY`` commits. Appends that arrive while a round commits are committed
+    together in the next (each in its own savepoint, so a refused append fails alone):
     many concurrent sessions cost one commit per round instead of one each. Several
     stores (in one process or several) may share a file: WAL lets readers run beside
-    the one writer, and each commit is a ``BEGIN IMMEDIATE`` transaction that waits its
-    turn (``busy_timeout``).
+    the one writer.
 
     ``create=False`` opens only a file that already is a loomflow store (for tools that
     inspect one): a missing file or another application's database raises StoreError
@@ -55,9 +73,14 @@ class SqliteStore(DatabaseStore):
         self._thread = SqliteThread(self._open, f"the SQLite store {self.path}")
         self._call = self._thread.call
         super().__init__()
-        self._writes = GroupCommit(
-            lambda batches: self._call(sql.commit_round, batches), self._cache
-        )
+        #: the event loop's connection for commits, opened on first use; the lock keeps
+        #: it to one thread at a time (event loops of several threads may share a store)
+        self._direct: sqlite3.Connection | None = None
+        self._direct_lock = threading.Lock()
+        self._known = sql.KnownRows()
+        self._since_checkpoint = 0
+        self._checkpointing: asyncio.Future[None] | None = None
+        self._writes = GroupCommit(self._commit, self._cache)
 
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
@@ -69,6 +92,10 @@ class SqliteStore(DatabaseStore):
         await self._call(_no_op)
 
     async def close(self) -> None:
+        with self._direct_lock:
+            direct, self._direct = self._direct, None
+            if direct is not None:
+                direct.close()  # first: the thread's connection, closed last, checkpoints
         await self._thread.close()
 
     # -- writes ------------------------------------------------------------------------
@@ -79,6 +106,42 @@ class SqliteStore(DatabaseStore):
         if self._thread.closed:
             raise StoreClosedError(f"the SQLite store {self.path} is closed")
         await self._writes.append(list(events))
+
+    async def _commit(self, batches: list[list[Event]]) -> Outcomes:
+        """One round of appends: on the event loop's thread when the file is free, else on
+        the store's thread, which waits for it."""
+        if self._direct is None:
+            self._direct = await self._call(_open_direct, self.path)
+        if self._direct_lock.acquire(blocking=False):
+            try:
+                if self._direct is not None:
+                    outcomes = sql.commit_round(self._direct, batches, self._known)
+                    self._after_commit(sum(len(events) for events in batches))
+                    return outcomes
+            except sqlite3.OperationalError as exc:
+                if not sql.is_busy(exc):  # rolled back; busy: committed below instead
+                    raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
+            except sqlite3.DatabaseError as exc:
+                raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
+            finally:
+                self._direct_lock.release()
+        return await self._call(sql.commit_round, batches)
+
+    def _after_commit(self, events: int) -> None:
+        self._since_checkpoint += events
+        if self._since_checkpoint < CHECKPOINT_EVERY or self._checkpointing is not None:
+            return
+        # on the store's thread: the event loop goes on; appends meanwhile find the file
+        # busy and are committed on that thread after the checkpoint
+        self._since_checkpoint = 0
+        self._checkpointing = asyncio.ensure_future(self._call(sql.checkpoint_wal))
+        self._checkpointing.add_done_callback(self._checkpointed)
+
+    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+        self._checkpointing = None
+        if not done.cancelled() and done.exception() is not None:
+            # the next one tries again; a store that is away says so at its next write
+            logger.warning("checkpointing the WAL of %s failed: %s", self.path, done.exception())
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()
@@ -111,6 +174,12 @@ class SqliteRuntime(Runtime):
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
         )
+
+
+def _open_direct(conn: sqlite3.Connection, path: Path) -> sqlite3.Connection:
+    """Open the event loop's connection on the store's thread, once the thread's own
+    connection made (or migrated) the file."""
+    return sql.connect_direct(path)
 
 
 def _no_op(conn: sqlite3.Connection) -> None:

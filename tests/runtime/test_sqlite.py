@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loomflow import Message
-from loomflow.errors import CorruptRecordError, StoreError
+from loomflow.errors import CorruptRecordError, StaleWriterError, StoreError
 from loomflow.runtime import Scope, SqliteRuntime, SqliteStore
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
@@ -86,7 +86,7 @@ async def test_several_processes_and_runtimes_share_one_file(tmp_path: Path) -> 
         await agent.runtime.close()
 
 
-async def test_wal_mode_and_sqlite_work_off_the_event_loop(tmp_path: Path) -> None:
+async def test_wal_mode_and_reads_off_the_event_loop(tmp_path: Path) -> None:
     runtime = SqliteRuntime(tmp_path / "journal.db")
     await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
     store = runtime.store
@@ -209,3 +209,67 @@ async def test_processes_opening_one_new_file_at_once_all_get_it(tmp_path: Path)
         await asyncio.gather(*(store.open() for store in stores))
         for store in stores:
             await store.close()
+
+
+def _turn(scope: Scope, seq: int, epoch: int = 0, text: str = "hi") -> TurnAppended:
+    return TurnAppended(
+        user_id=scope.user_id,
+        session_id=scope.session_id,
+        run_id="run-1",
+        seq=seq,
+        epoch=epoch,
+        payload=TurnAppendedPayload(messages=[Message.user(text)]),
+    )
+
+
+async def test_an_append_while_another_connection_writes_waits_for_it(tmp_path: Path) -> None:
+    # commits run on the event loop's connection, which never waits for a lock: while
+    # another process holds the file's write lock, the append waits on the store's
+    # thread instead of failing with "database is locked" or blocking the event loop
+    db = tmp_path / "journal.db"
+    store = SqliteStore(db)
+    scope = Scope("s1")
+    await store.append([_turn(scope, 1)])
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    append = asyncio.create_task(store.append([_turn(scope, 2)]))
+    done, _ = await asyncio.wait({append}, timeout=0.3)
+    assert not done  # it waits for the lock (the loop runs meanwhile: this line ran)
+    other.execute("COMMIT")
+    await append
+    other.close()
+    assert [e.seq for e in await store.read_events(scope)] == [1, 2]
+    await store.close()
+
+
+async def test_an_append_folds_from_what_another_connection_wrote(tmp_path: Path) -> None:
+    # the store folds from the session rows of its own last commit only while no other
+    # connection wrote: a take-over by another runtime on the same file fences this one
+    db = tmp_path / "journal.db"
+    first, second = SqliteRuntime(db), SqliteRuntime(db)
+    scope = Scope("s1")
+    writer = await first.open_session(scope, run_id="run-a")
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("one")]))
+    taker = await second.open_session(scope, run_id="run-b")
+    await taker.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("two")]))
+    with pytest.raises(StaleWriterError):
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
+    events = await first.store.read_events(scope)
+    assert [e.run_id for e in events][-1] == "run-b"
+    await first.close()
+    await second.close()
+
+
+async def test_the_wal_is_checkpointed_while_appends_go_on(tmp_path: Path) -> None:
+    # the event loop's connection never checkpoints; the store's thread does, so the
+    # WAL stays bounded in a long run instead of growing with every event
+    db = tmp_path / "journal.db"
+    store = SqliteStore(db)
+    scope = Scope("s1")
+    text = "x" * 3000  # about a page of WAL per event besides the indexes
+    for seq in range(1, 3001):
+        await store.append([_turn(scope, seq, text=text)])
+    wal = Path(f"{db}-wal").stat().st_size
+    await store.close()
+    # unchecked, 3,000 commits of 5+ pages each leave a WAL of over 60 MB
+    assert wal < 45 * 1024 * 1024, wal
