@@ -269,7 +269,7 @@ async def test_the_wal_is_checkpointed_while_appends_go_on(tmp_path: Path) -> No
     text = "x" * 3000  # about a page of WAL per event besides the indexes
     for seq in range(1, 3001):
         await store.append([_turn(scope, seq, text=text)])
-    wal = os.path.getsize(f"{db}-wal")
+    wal = await asyncio.to_thread(os.path.getsize, f"{db}-wal")
     await store.close()
     # unchecked, 3,000 commits of 5+ pages each leave a WAL of over 60 MB
     assert wal < 45 * 1024 * 1024, wal
