@@ -38,6 +38,8 @@ class _Entry:
 class InProcStore(EventStore):
     """Events and read model in dicts; gone when the process ends."""
 
+    appends_bounded = True
+
     def __init__(self) -> None:
         self._sessions: dict[tuple[str | None, str], _Entry] = {}
         self._lock = asyncio.Lock()

@@ -60,6 +60,9 @@ class SqliteStore(DatabaseStore):
     and is left as it was.
     """
 
+    #: a commit on the event loop never waits; on the store's thread, for busy_timeout_ms
+    appends_bounded = True
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -40,6 +40,10 @@ class EventStore(Resource, ABC):
     so a writer may retry an append whose outcome it did not see.
     """
 
+    #: an append returns or raises by itself within a bounded time (no server to wait
+    #: for), so a writer need not arm a timer around each one (see writer.py: _within)
+    appends_bounded: ClassVar[bool] = False
+
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> None:
         """Append events atomically; raise InvalidEventError subclasses on refusal."""

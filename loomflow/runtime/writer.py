@@ -161,7 +161,10 @@ class SessionWriter:
         failures = 0
         while True:
             try:
-                await _within(give_up, self._append(batch, durable=durable))
+                if self.runtime.store.appends_bounded:
+                    await self._append(batch, durable=durable)
+                else:
+                    await _within(give_up, self._append(batch, durable=durable))
                 return event
             except InvalidEventError:
                 raise
