@@ -412,7 +412,7 @@ class LoomflowAdapter(Adapter):
     def __init__(
         self, store: str, tmp: Path, servers: Servers | None = None, *, owner: bool = True
     ) -> None:
-        from loomflow.runtime import InProcRuntime, KafkaRuntime, PostgresRuntime, SqliteRuntime
+        import loomflow.runtime as lf  # each runtime's module is imported on first use
 
         path = tmp / "lf.db"
         self.store_name, self.tmp = store, tmp
@@ -423,20 +423,20 @@ class LoomflowAdapter(Adapter):
         if store.startswith(("lf-pg", "lf-kafka")) and servers is None:
             self.servers = Servers(store == "lf-kafka", tmp)
         if store == "lf-inproc":
-            self.runtime: Any = InProcRuntime()
+            self.runtime: Any = lf.InProcRuntime()
         elif store == "lf-sqlite":
-            self.runtime = SqliteRuntime(path)
+            self.runtime = lf.SqliteRuntime(path)
         elif store == "lf-sqlite-keepall":
-            self.runtime = SqliteRuntime(path, max_checkpoints_per_session=0)
+            self.runtime = lf.SqliteRuntime(path, max_checkpoints_per_session=0)
         elif store in ("lf-pg", "lf-pg-keepall"):
             assert self.servers is not None
-            self.runtime = PostgresRuntime(
+            self.runtime = lf.PostgresRuntime(
                 settings=self.servers.settings,
                 max_checkpoints_per_session=0 if store == "lf-pg-keepall" else 20,
             )
         elif store == "lf-kafka":
             assert self.servers is not None
-            self.runtime = KafkaRuntime(settings=self.servers.settings)
+            self.runtime = lf.KafkaRuntime(settings=self.servers.settings)
         else:
             raise ValueError(f"unknown store {store!r}")
         self.retain = self.runtime.max_checkpoints_per_session
@@ -445,7 +445,7 @@ class LoomflowAdapter(Adapter):
 
     async def open(self) -> None:
         # connections, migrations, topics and the processor before anything is timed
-        if self.store_name.startswith("lf-pg"):
+        if self.store_name.startswith(("lf-pg", "lf-sqlite")):
             await self.runtime.store.open()
         elif self.store_name == "lf-kafka":
             assert self.servers is not None
@@ -553,6 +553,15 @@ class LoomflowAdapter(Adapter):
 
     def written(self, handle: _Session) -> list[Any]:
         return handle.messages
+
+    def ref(self, handle: _Session) -> str | None:
+        # the embedded stores: a server-backed one is named by this process's servers
+        return str(handle.scope.session_id) if self.store_name.startswith("lf-sqlite") else None
+
+    def from_ref(self, ref: str) -> _Session:
+        from loomflow.runtime import Scope
+
+        return _Session(Scope(ref, None), None, [], None)
 
     def transcript_json_bytes(self, messages: list[Any]) -> int:
         import orjson
@@ -1100,6 +1109,30 @@ def report(variant: str, stores: list[str], results: dict[str, list[dict[str, An
             f"  {store:<18} last20 put p50 {last} ms; last pass {final} ms; "
             f"transcript {size:,.0f} B"
         )
+    fresh = {store: fine for store, fine in good.items() if _median(fine, "fresh_read_ms")}
+    if fresh:
+        out += ["", "a fresh process (new interpreter) reading the session's latest checkpoint:"]
+        out.append("open = the store's module imported, made and opened; first read = its first")
+        out.append("read, first-use costs included (validators built); process = start to exit")
+        for store, fine in fresh.items():
+            out.append(
+                f"  {store:<18} open {_spread(fine, 'fresh_open_ms', 'ms')} ms; first read "
+                f"{_spread(fine, 'fresh_read_ms', 'ms')} ms; process "
+                f"{_spread(fine, 'fresh_process_ms', 'ms')} ms"
+            )
+    out += ["", "garbage collection during the writes (it stalls every session at once):"]
+    for store, fine in good.items():
+        out.append(
+            f"  {store:<18} {_spread(fine, 'gc_ms', 'ms')} ms in all; longest pause "
+            f"{_spread(fine, 'gc_max_ms', 'ms')} ms; full collections "
+            f"{_spread(fine, 'gc_full', 'rate')}"
+        )
+    if sessions == 1:  # the transcript bytes are session 0's
+        out += ["", "disk / transcript JSON (the store's files once closed, over the transcript)"]
+    for store, fine in good.items() if sessions == 1 else ():
+        disk_mb, transcript = _median(fine, "disk_mb"), _median(fine, "transcript_bytes")
+        if disk_mb and transcript:
+            out.append(f"  {store:<18} {disk_mb * 1e6 / transcript:.2f}x")
     out += _processor_lines(good)
     out += _problem_lines(good)
     return "\n".join(out)
@@ -1191,6 +1224,64 @@ def report_targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
         ),
     ]
     return "\n".join(["## targets: lf-kafka (KafkaRuntime) against lf-pg (PostgresRuntime)", *rows])
+
+
+def _ratio_of(
+    runs: dict[str, list[dict[str, Any]]], ours: str, peer: str, key: str
+) -> tuple[float | None, str]:
+    mine, theirs = _median(runs.get(ours), key), _median(runs.get(peer), key)
+    if mine is None or not theirs:
+        return None, ""
+    return mine / theirs, f"{mine:,.3f} / {theirs:,.3f}"
+
+
+def report_embedded_targets(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """SqliteRuntime's targets (issue 12), each against the peers' medians of this run."""
+    single = good_runs(results.get("single", {}))
+    conc = good_runs(results.get("conc", {}))
+    big = good_runs(results.get("big", {}))
+    rows = []
+    for label, runs, peer, key, limit, at_least in (
+        ("put p50 (single) <= 0.2x lf020's", single, "lf020-sqlite", "put_p50", 0.2, False),
+        ("put p50 (single) <= 0.5x lg's", single, "lg-sqlite", "put_p50", 0.5, False),
+        ("ckpt/s (conc) >= 5x lf020's", conc, "lf020-sqlite", "ckpt_per_s", 5.0, True),
+        ("put p99 (conc) <= lg's", conc, "lg-sqlite", "put_p99", 1.0, False),
+        ("cold read (single) <= lg's", single, "lg-sqlite", "cold_read_p50", 1.0, False),
+        ("fresh first read (single) <= lg's", single, "lg-sqlite", "fresh_read_ms", 1.0, False),
+        ("fresh process (single) <= lg's", single, "lg-sqlite", "fresh_process_ms", 1.0, False),
+    ):
+        value, detail = _ratio_of(runs, "lf-sqlite", peer, key)
+        rows.append(
+            _target(
+                label, value, limit, "x", detail, f"needs lf-sqlite and {peer}", at_least=at_least
+            )
+        )
+    for variant, runs in (("single", single), ("big", big)):
+        fine = runs.get("lf-sqlite-keepall")
+        disk, size = _median(fine, "disk_mb"), _median(fine, "transcript_bytes")
+        if not disk or not size:
+            rows.append(
+                _target(
+                    f"disk ({variant}, keepall) <= 1.5x transcript",
+                    None,
+                    1.5,
+                    "x",
+                    "",
+                    f"needs lf-sqlite-keepall in {variant}",
+                )
+            )
+            continue
+        rows.append(
+            _target(
+                f"disk ({variant}, keepall) <= 1.5x transcript",
+                disk * 1e6 / size,
+                1.5,
+                "x",
+                f"{disk:.2f} MB / {size / 1e6:.2f} MB",
+                f"needs lf-sqlite-keepall in {variant}",
+            )
+        )
+    return "\n".join(["## targets: lf-sqlite (SqliteRuntime) against the peers of this run", *rows])
 
 
 def _target(
@@ -1290,6 +1381,7 @@ def main() -> None:
         else:
             print(report(variant, by_variant[variant], results[variant]) + "\n")
     if any(v in VARIANTS for v in variants):
+        print(report_embedded_targets(results) + "\n")
         print(report_targets(results) + "\n")
     if args.json:
         args.json.write_text(json.dumps({"reps": args.reps, "results": results}, indent=1))
@@ -1298,7 +1390,13 @@ def main() -> None:
 def _child() -> None:
     make: Callable[[str, Path], Adapter] = LoomflowAdapter
     run: Measure = run_variant
-    child_main(make, _our_versions, variants=ALL_VARIANTS, run=run)
+    child_main(
+        make,
+        _our_versions,
+        variants=ALL_VARIANTS,
+        run=run,
+        command=[sys.executable, "-m", "bench.checkpoints", "--child"],
+    )
 
 
 if __name__ == "__main__":

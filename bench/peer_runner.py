@@ -136,6 +136,12 @@ class LangGraphSqlite(Adapter):
     def written(self, handle: _Thread) -> list[Any]:
         return handle.messages
 
+    def ref(self, handle: _Thread) -> str:
+        return str(handle.config["configurable"]["thread_id"])
+
+    def from_ref(self, ref: str) -> _Thread:
+        return _Thread({"configurable": {"thread_id": ref, "checkpoint_ns": ""}}, [])
+
     def transcript_json_bytes(self, messages: list[Any]) -> int:
         return _compact_json(messages)
 
@@ -217,6 +223,12 @@ class Loomflow020Sqlite(Adapter):
     def written(self, handle: _Session) -> list[Any]:
         return handle.messages
 
+    def ref(self, handle: _Session) -> str:
+        return handle.session_id
+
+    def from_ref(self, ref: str) -> _Session:
+        return _Session(ref, [])
+
     def transcript_json_bytes(self, messages: list[Any]) -> int:
         return _compact_json([m.model_dump(mode="json") for m in messages])
 
@@ -250,4 +262,4 @@ def _versions() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    child_main(_make, _versions)
+    child_main(_make, _versions, command=[sys.executable, str(Path(__file__).resolve())])

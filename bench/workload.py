@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,8 +24,11 @@ from pathlib import Path
 from typing import Any
 
 #: variant -> (sessions, passes per session)
-VARIANTS: dict[str, tuple[int, int]] = {"single": (1, 200), "conc": (50, 40)}
+VARIANTS: dict[str, tuple[int, int]] = {"single": (1, 200), "conc": (50, 40), "big": (1, 100)}
 USER_CHARS, ASSISTANT_CHARS, TOOL_CHARS = 200, 600, 400
+#: variant -> characters of a pass's user message, assistant answer and tool result, where
+#: they are not the defaults above: "big" is the storage case of messages of ~2 KB
+SIZES: dict[str, tuple[int, int, int]] = {"big": (2000, 2000, 2000)}
 LIST_LIMIT = 50
 #: Latest-checkpoint and list reads per session after the writes; enough samples for a
 #: median in "single", one per session in "conc" (50 sessions already give 50 samples).
@@ -68,16 +73,19 @@ def _text(rng: random.Random, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-def pass_content(session: int, k: int) -> PassContent:
+def pass_content(
+    session: int, k: int, sizes: tuple[int, int, int] = (USER_CHARS, ASSISTANT_CHARS, TOOL_CHARS)
+) -> PassContent:
     # seeded per (session, pass) so every store, in every process, writes the same bytes
     rng = random.Random(session * 1_000_003 + k)
+    user_chars, assistant_chars, tool_chars = sizes
     return PassContent(
-        user=_text(rng, USER_CHARS),
-        assistant=_text(rng, ASSISTANT_CHARS),
+        user=_text(rng, user_chars),
+        assistant=_text(rng, assistant_chars),
         call_id=f"call_{session:03d}_{k:04d}",
         tool_name="search_docs",
         tool_args={"query": _text(rng, 40), "limit": 5, "filters": {"lang": "en", "year": 2026}},
-        tool_result=_text(rng, TOOL_CHARS),
+        tool_result=_text(rng, tool_chars),
         input_tokens=1_000 + 300 * k,
         output_tokens=150 + rng.randrange(100),
     )
@@ -153,6 +161,15 @@ class Adapter(ABC):
         """A fresh instance on the same files, as a restarted process would open them."""
         return None
 
+    def ref(self, handle: Any) -> str | None:
+        """What names the session to another process (for its first read in a fresh
+        process); None: this store is not measured that way."""
+        return None
+
+    def from_ref(self, ref: str) -> Any:
+        """The handle of the session ``ref`` names, for ``cold_read`` in a fresh process."""
+        raise NotImplementedError
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Linear interpolation between closest ranks (``q`` in 0..100)."""
@@ -175,13 +192,14 @@ async def measure(adapter: Adapter, variant: str) -> dict[str, Any]:
 
 async def _measure(adapter: Adapter, variant: str) -> dict[str, Any]:
     sessions, passes = VARIANTS[variant]
+    sizes = SIZES.get(variant, (USER_CHARS, ASSISTANT_CHARS, TOOL_CHARS))
     await adapter.open()
     handles = [await adapter.seed(i) for i in range(sessions)]
     puts: list[tuple[int, float]] = []
 
     async def drive(index: int, handle: Any) -> None:
         for k in range(1, passes + 1):
-            new = adapter.add(handle, k, pass_content(index, k))
+            new = adapter.add(handle, k, pass_content(index, k, sizes))
             t0 = time.perf_counter_ns()
             await adapter.put(handle, k, new)
             if k == passes:
@@ -189,8 +207,13 @@ async def _measure(adapter: Adapter, variant: str) -> dict[str, Any]:
                 await adapter.finish(handle)
             puts.append((k, (time.perf_counter_ns() - t0) / 1e6))
 
+    pauses = _GcPauses()
+    gc.callbacks.append(pauses.observe)
     started = time.perf_counter()
-    await asyncio.gather(*(drive(i, h) for i, h in enumerate(handles)))
+    try:
+        await asyncio.gather(*(drive(i, h) for i, h in enumerate(handles)))
+    finally:
+        gc.callbacks.remove(pauses.observe)
     wall = time.perf_counter() - started
 
     reads = max(1, READ_SAMPLES // sessions)
@@ -259,7 +282,87 @@ async def _measure(adapter: Adapter, variant: str) -> dict[str, Any]:
         "transcript_bytes": transcript_bytes,
         "checkpoints": len(puts),
         "loadavg_1m": os.getloadavg()[0],
+        # the garbage collector's pauses during the writes: every session waits through one
+        "gc_ms": pauses.total_ms,
+        "gc_max_ms": pauses.max_ms,
+        "gc_full": pauses.full,
+        # what a process started after these writes reads first (see fresh_read)
+        "fresh_ref": adapter.ref(handles[0]),
+        "fresh_expect": [len(adapter.written(handles[0])), passes],
     }
+
+
+class _GcPauses:
+    """The collector's pauses, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.total_ms = self.max_ms = 0.0
+        self.full = 0
+        self._started = 0
+
+    def observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+            return
+        pause = (time.perf_counter_ns() - self._started) / 1e6
+        self.total_ms += pause
+        self.max_ms = max(self.max_ms, pause)
+        self.full += info["generation"] == 2
+
+
+async def fresh_read(
+    make: Callable[[str, Path], Adapter], store: str, directory: Path, ref: str
+) -> dict[str, Any]:
+    """The first read of a session in a process that has done nothing else: make and open
+    the store (the library's imports, the connection), then read the latest checkpoint,
+    first-use costs included (validators built, caches empty)."""
+    t0 = time.perf_counter_ns()
+    adapter = make(store, directory)
+    await adapter.open()
+    t1 = time.perf_counter_ns()
+    messages, turn = await adapter.cold_read(adapter.from_ref(ref))
+    t2 = time.perf_counter_ns()
+    await adapter.close()
+    return {
+        "fresh_open_ms": (t1 - t0) / 1e6,
+        "fresh_read_ms": (t2 - t1) / 1e6,
+        "fresh_got": [len(messages), turn],
+    }
+
+
+def _fresh_child(
+    command: Sequence[str], store: str, directory: Path, result: dict[str, Any]
+) -> None:
+    """Run ``fresh_read`` in a new process on what this one wrote; merge its figures."""
+    started = time.perf_counter_ns()
+    done = subprocess.run(
+        [
+            *command,
+            "--store",
+            store,
+            "--variant",
+            result["variant"],
+            "--fresh-read",
+            result["fresh_ref"],
+            "--dir",
+            str(directory),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        result.setdefault("problems", []).append(f"fresh read: {done.stderr[-300:]}")
+        result["ok"] = False
+        return
+    fresh = json.loads(lines[-1])
+    fresh["fresh_process_ms"] = (time.perf_counter_ns() - started) / 1e6
+    if fresh.pop("fresh_got") != result["fresh_expect"]:
+        result.setdefault("problems", []).append("fresh read: not what was written")
+        result["ok"] = False
+    result.update(fresh)
 
 
 Measure = Callable[[Adapter, str], Coroutine[Any, Any, dict[str, Any]]]
@@ -271,17 +374,28 @@ def child_main(
     *,
     variants: Sequence[str] = tuple(VARIANTS),
     run: Measure = measure,
+    command: Sequence[str] = (),
 ) -> None:
-    """Entry point of one measurement process: print exactly one JSON line on stdout."""
+    """Entry point of one measurement process: print exactly one JSON line on stdout.
+
+    ``command`` starts this entry point again (for the first read in a fresh process)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--store", required=True)
     parser.add_argument("--variant", required=True, choices=sorted(variants))
+    parser.add_argument("--fresh-read", help="read this session of --dir's store, only")
+    parser.add_argument("--dir", type=Path)
     args = parser.parse_args()
+    if args.fresh_read is not None:
+        figures = asyncio.run(fresh_read(make, args.store, args.dir, args.fresh_read))
+        print(json.dumps(figures), flush=True)
+        return
     result: dict[str, Any] = {"store": args.store, "variant": args.variant}
     try:
         with tempfile.TemporaryDirectory(prefix="lf-bench-") as tmp:
             adapter = make(args.store, Path(tmp))
             result.update(asyncio.run(run(adapter, args.variant)))
+            if command and result.get("fresh_ref") is not None:
+                _fresh_child(command, args.store, Path(tmp), result)
         result.update(extra())
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
