@@ -403,7 +403,7 @@ def save_session(
         if value != getattr(before, name):
             names.append(name)
             values.append(value)
-    if row.usage != before.usage:
+    if row.usage is not before.usage and row.usage != before.usage:
         names.append("usage")
         values.append(row.usage.model_dump_json())
     if row.created_at != before.created_at:
@@ -412,10 +412,9 @@ def save_session(
     if row.updated_at != before.updated_at:
         names.append("updated_at")
         values.append(ts(row.updated_at))
-    control = control_json(row)
-    if control != control_json(before):
+    if _control(row) != _control(before):
         names.append("control")
-        values.append(control)
+        values.append(control_json(row))
     if names:
         conn.execute(_update_session(tuple(names)), (*values, _uid(row.user_id), row.session_id))
 
@@ -432,6 +431,11 @@ _PLAIN_COLUMNS = (
     "parent_checkpoint_id",
     "last_run_id",
 )
+
+
+def _control(row: SessionRow) -> tuple[Any, ...]:
+    """What the ``control`` column is made of (see rows.control_json)."""
+    return (row.agent, row.lease_seconds, row.waiting, row.inbox, row.attempts, row.last_error)
 
 
 @functools.cache
