@@ -145,6 +145,14 @@ class Usage(BaseModel):
         # Both sides are validated already; summing needs no second validation. This is
         # what model_construct does, without its generic walk over the fields: the fold
         # adds usage for every turn a projector consumes.
+        if not (
+            other.input_tokens
+            or other.cached_input_tokens
+            or other.cache_write_tokens
+            or other.output_tokens
+            or other.cost_usd
+        ):
+            return self  # a turn without a model call: the same object, nothing to store
         total = object.__new__(Usage)
         object.__setattr__(
             total,
