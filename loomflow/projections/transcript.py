@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
+import orjson
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from loomflow.errors import CorruptRecordError
@@ -25,11 +26,21 @@ def _parts() -> TypeAdapter[list[_TranscriptPart]]:
     return TypeAdapter(list[_TranscriptPart])  # built on first use, not at import
 
 
+@functools.cache
+def _messages() -> TypeAdapter[list[Message]]:
+    return TypeAdapter(list[Message])
+
+
 def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[Message]:
     """Messages of (seq, payload JSON) rows in seq order, validated in one pass.
 
     The first row must be the transcript's base (or the session's first event), so
     concatenation is the whole fold. A row that does not decode is named by its seq.
+
+    orjson parses the rows as one array and pydantic validates the messages from the
+    objects: about twice as fast as pydantic parsing and validating the JSON itself
+    (``python -m bench.decode``). What orjson does not take (an int past 64 bits, a
+    damaged row) goes the whole way through pydantic, which decodes it or names the row.
     """
     for seq, payload in rows:
         if not isinstance(payload, str):  # a BLOB another program wrote, say
@@ -37,8 +48,17 @@ def decode_transcript(session_id: str, rows: Sequence[tuple[int, str]]) -> list[
                 f"log row of session {session_id!r}, seq {seq} does not decode: its payload "
                 f"is {type(payload).__name__}, not JSON text"
             )
+    array = "[" + ",".join(row[1] for row in rows) + "]"
     try:
-        parts = _parts().validate_json("[" + ",".join(row[1] for row in rows) + "]")
+        found = [message for part in orjson.loads(array) for message in part["messages"]]
+        return _messages().validate_python(found)
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValidationError):
+        return _decode_json(session_id, rows, array)
+
+
+def _decode_json(session_id: str, rows: Sequence[tuple[int, str]], array: str) -> list[Message]:
+    try:
+        parts = _parts().validate_json(array)
     except ValidationError as failed:
         for seq, payload in rows:  # find the row to blame
             try:

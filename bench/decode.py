@@ -1,0 +1,153 @@
+"""Decoders for a cold resume's transcript, measured on the same log rows.
+
+    .venv/bin/python -m bench.decode [--passes 200] [--repeat 30]
+
+A resume in a fresh process reads the session's transcript rows (one per
+``turn.appended`` event: ``{"messages": [...], ...}``) and turns them into ``Message``
+objects. This writes a session of the checkpoint workload (``bench.workload``) to a
+SqliteRuntime, reads its rows back as the store does, and times each way of decoding
+them, in this process, after one untimed call of each (so validators are built):
+
+- ``ours``: ``decode_transcript``, what the stores run: the rows joined into one JSON array
+  and validated in one pass by a pydantic TypeAdapter;
+- ``orjson + validate_python``: orjson parses the array, pydantic validates the objects;
+- ``list[Message] validate_json``: pydantic on the messages alone, pre-extracted (the
+  payloads' other fields not parsed: a floor for validating from JSON);
+- ``msgspec typed``: msgspec decoding into Structs of the same shape (when msgspec is
+  installed; not a dependency): what a faster validating decoder gives before the
+  objects are made into the ``Message`` models the API returns;
+- ``orjson untyped``: parsing alone, no validation and no models: the floor.
+
+Each figure is the median of ``--repeat`` calls, in ms, with the transcript's size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if not __package__:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.workload import SYSTEM_PROMPT, pass_content
+
+try:
+    import msgspec as _MSGSPEC
+except ImportError:  # not a dependency: its row is left out
+    _MSGSPEC = None
+else:
+    # the transcript's shape as msgspec Structs, at module level so their annotations
+    # (strings, under ``from __future__ import annotations``) resolve
+
+    class _Call(_MSGSPEC.Struct):
+        id: str
+        name: str
+        arguments: dict[str, Any] = {}
+
+    class _Msg(_MSGSPEC.Struct, omit_defaults=True):
+        role: str
+        content: str = ""
+        tool_calls: list[_Call] = []
+        tool_call_id: str | None = None
+        is_error: bool = False
+
+    class _Part(_MSGSPEC.Struct):
+        messages: list[_Msg]
+
+
+async def _write(path: Path, passes: int) -> str:
+    from loomflow.runtime import Scope, SqliteRuntime
+    from loomflow.schemas import Message, ToolCall, TurnAppended, Usage, new_id
+    from loomflow.schemas.events import TurnAppendedPayload
+
+    runtime = SqliteRuntime(path, max_checkpoints_per_session=0)
+    scope = Scope(new_id("sess"), None)
+    writer = await runtime.open_session(scope, run_id=new_id("run"))
+    system = Message.system(SYSTEM_PROMPT)
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[system]))
+    for k in range(1, passes + 1):
+        c = pass_content(0, k)
+        call = ToolCall(id=c.call_id, name=c.tool_name, arguments=c.tool_args)
+        for message, usage in (
+            (Message.user(c.user), Usage()),
+            (Message.assistant(c.assistant, [call]), Usage(output_tokens=c.output_tokens)),
+            (Message.tool(c.call_id, c.tool_result), Usage()),
+        ):
+            await writer.emit(TurnAppended, TurnAppendedPayload(messages=[message], usage=usage))
+    await writer.confirm()
+    await runtime.close()
+    return scope.session_id
+
+
+def _rows(path: Path, session_id: str) -> list[tuple[int, str]]:
+    import sqlite3
+
+    from loomflow.projections.fold import TRANSCRIPT_TYPES
+
+    with sqlite3.connect(path) as conn:
+        marks = ",".join("?" * len(TRANSCRIPT_TYPES))
+        return conn.execute(
+            "SELECT seq, payload FROM loomflow_events WHERE user_id = '' AND session_id = ? "
+            f"AND type IN ({marks}) ORDER BY seq",
+            (session_id, *TRANSCRIPT_TYPES),
+        ).fetchall()
+
+
+def _decoders(session_id: str, rows: list[tuple[int, str]]) -> dict[str, Callable[[], Any]]:
+    import orjson
+    from pydantic import TypeAdapter
+
+    from loomflow.projections.transcript import decode_transcript
+    from loomflow.schemas import Message
+
+    array = "[" + ",".join(payload for _, payload in rows) + "]"
+    parts: TypeAdapter[list[Message]] = TypeAdapter(list[Message])
+    messages_only = orjson.dumps([m for p in orjson.loads(array) for m in p["messages"]])
+
+    def with_orjson() -> list[Message]:
+        return parts.validate_python([m for p in orjson.loads(array) for m in p["messages"]])
+
+    found: dict[str, Callable[[], Any]] = {
+        "ours (decode_transcript)": lambda: decode_transcript(session_id, rows),
+        "orjson + validate_python": with_orjson,
+        "list[Message] validate_json": lambda: parts.validate_json(messages_only),
+    }
+    if _MSGSPEC is not None:
+        decoder = _MSGSPEC.json.Decoder(list[_Part])
+        found["msgspec typed (Structs, not Messages)"] = lambda: decoder.decode(array)
+    found["orjson untyped (no validation)"] = lambda: orjson.loads(array)
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--passes", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=30)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lf-decode-") as tmp:
+        path = Path(tmp) / "journal.db"
+        session_id = asyncio.run(_write(path, args.passes))
+        rows = _rows(path, session_id)
+    size = sum(len(payload.encode()) for _, payload in rows)
+    print(f"# {len(rows)} transcript rows, {size:,} B of payload JSON; median of {args.repeat}\n")
+    print("| decoder | ms |")
+    print("|---|---|")
+    for name, decode in _decoders(session_id, rows).items():
+        decode()  # validators built, caches warm
+        times = []
+        for _ in range(args.repeat):
+            started = time.perf_counter_ns()
+            decode()
+            times.append((time.perf_counter_ns() - started) / 1e6)
+        print(f"| {name} | {statistics.median(times):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
