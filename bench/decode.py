@@ -13,7 +13,7 @@ them, in this process, after one untimed call of each (so validators are built):
 - ``orjson + validate_python``: orjson parses the array, pydantic validates the objects;
 - ``list[Message] validate_json``: pydantic on the messages alone, pre-extracted (the
   payloads' other fields not parsed: a floor for validating from JSON);
-- ``msgspec typed``: msgspec decoding into Structs of the same shape (when msgspec is
+- ``msgspec typed``: msgspec decoding into TypedDicts of the same shape (when msgspec is
   installed; not a dependency): what a faster validating decoder gives before the
   objects are made into the ``Message`` models the API returns;
 - ``orjson untyped``: parsing alone, no validation and no models: the floor.
@@ -25,41 +25,43 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.workload import SYSTEM_PROMPT, pass_content
 
-try:
-    import msgspec as _MSGSPEC
-except ImportError:  # not a dependency: its row is left out
+try:  # not a dependency: without it, its row is left out
+    _MSGSPEC: Any = importlib.import_module("msgspec")
+except ImportError:
     _MSGSPEC = None
-else:
-    # the transcript's shape as msgspec Structs, at module level so their annotations
-    # (strings, under ``from __future__ import annotations``) resolve
 
-    class _Call(_MSGSPEC.Struct):
-        id: str
-        name: str
-        arguments: dict[str, Any] = {}
 
-    class _Msg(_MSGSPEC.Struct, omit_defaults=True):
-        role: str
-        content: str = ""
-        tool_calls: list[_Call] = []
-        tool_call_id: str | None = None
-        is_error: bool = False
+# the transcript's shape, for msgspec's typed decoder (it validates into these dicts)
+class _Call(TypedDict):
+    id: str
+    name: str
+    arguments: NotRequired[dict[str, Any]]
 
-    class _Part(_MSGSPEC.Struct):
-        messages: list[_Msg]
+
+class _Msg(TypedDict):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: NotRequired[str]
+    tool_calls: NotRequired[list[_Call]]
+    tool_call_id: NotRequired[str | None]
+    is_error: NotRequired[bool]
+
+
+class _Part(TypedDict):
+    messages: list[_Msg]
 
 
 async def _write(path: Path, passes: int) -> str:
@@ -121,7 +123,7 @@ def _decoders(session_id: str, rows: list[tuple[int, str]]) -> dict[str, Callabl
     }
     if _MSGSPEC is not None:
         decoder = _MSGSPEC.json.Decoder(list[_Part])
-        found["msgspec typed (Structs, not Messages)"] = lambda: decoder.decode(array)
+        found["msgspec typed (dicts, not Messages)"] = lambda: decoder.decode(array)
     found["orjson untyped (no validation)"] = lambda: orjson.loads(array)
     return found
 
