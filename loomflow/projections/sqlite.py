@@ -654,6 +654,16 @@ class KnownRows:
         self.rows.clear()
         self._version = None
 
+    def current(
+        self, conn: sqlite3.Connection, user_id: str | None, session_id: str
+    ) -> SessionRow | None:
+        """The session's row as this connection last committed it, if no other connection
+        wrote since; None when it does not know (read it from the file)."""
+        row = self.rows.get((user_id, session_id))
+        if row is None or conn.execute("PRAGMA data_version").fetchone()[0] != self._version:
+            return None
+        return row
+
 
 def commit_round(
     conn: sqlite3.Connection, batches: list[list[Event]], known: KnownRows | None = None

@@ -13,12 +13,12 @@ from typing import Any, ClassVar, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
-from loomflow.projections.fold import PruneFilter
+from loomflow.projections.fold import PruneFilter, SessionRow
 from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult
+from loomflow.runtime.scope import PruneResult, Scope
 from loomflow.runtime.store import DatabaseStore
 from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
@@ -145,6 +145,21 @@ class SqliteStore(DatabaseStore):
         if not done.cancelled() and done.exception() is not None:
             # the next one tries again; a store that is away says so at its next write
             logger.warning("checkpointing the WAL of %s failed: %s", self.path, done.exception())
+
+    async def session(self, scope: Scope) -> SessionRow | None:
+        # the row of this store's own last commit, while no other connection wrote since:
+        # a run's claim and a resume read it without waiting on the store's thread
+        if self._direct is not None and self._direct_lock.acquire(blocking=False):
+            try:
+                if self._direct is not None:
+                    row = self._known.current(self._direct, scope.user_id, scope.session_id)
+                    if row is not None:
+                        return row
+            except sqlite3.DatabaseError:
+                pass  # read from the file below, which says what is wrong
+            finally:
+                self._direct_lock.release()
+        return await super().session(scope)
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()

@@ -252,6 +252,9 @@ async def test_an_append_folds_from_what_another_connection_wrote(tmp_path: Path
     await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("one")]))
     taker = await second.open_session(scope, run_id="run-b")
     await taker.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("two")]))
+    # the first store's own rows are stale now: its reads see the take-over too
+    row = await first.store.session(scope)
+    assert row is not None and row.last_run_id == "run-b" and row.epoch == 2
     with pytest.raises(StaleWriterError):
         await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
     events = await first.store.read_events(scope)
