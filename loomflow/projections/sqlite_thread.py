@@ -7,6 +7,7 @@ one worker thread, so the event loop never waits on disk.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import sqlite3
 from collections.abc import Callable
@@ -38,6 +39,13 @@ class SqliteThread:
             raise StoreClosedError(f"{self.where} is closed")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._run, fn, *args))
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Start ``fn(conn, *args)`` on the thread now, whether or not the event loop runs
+        before it is done (work that nobody awaits: a WAL checkpoint)."""
+        if self._closed:
+            raise StoreClosedError(f"{self.where} is closed")
+        return self._executor.submit(self._run, fn, *args)
 
     def _run(self, fn: Callable[..., T], *args: Any) -> T:
         try:

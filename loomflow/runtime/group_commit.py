@@ -24,19 +24,39 @@ class GroupCommit:
     ``commit(batches)`` applies one round (one transaction) and returns each batch's
     outcome: None, or the error that refused that batch alone. Many concurrent sessions
     then cost one commit per round instead of one each.
+
+    ``now(batches)``, where a store has it, commits a round at once without yielding, or
+    returns None when it cannot (the file is busy). A lone writer's append (the last
+    round held one append, nothing waits) is committed with it in the caller's own step:
+    no task to start and no future to wake, which is most of what a round costs besides
+    its SQL. Once rounds hold several appends, appends queue for them again.
     """
 
     def __init__(
         self,
         commit: Callable[[list[list[Event]]], Awaitable[Outcomes]],
         cache: TranscriptCache,
+        now: Callable[[list[list[Event]]], Outcomes | None] | None = None,
     ) -> None:
         self._commit = commit
+        self._now = now
         self._cache = cache
         self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
         self._drainer: asyncio.Task[None] | None = None
+        #: the last round held one append: the writer is alone
+        self._alone = True
 
     async def append(self, events: list[Event]) -> None:
+        idle = not self._pending and (self._drainer is None or self._drainer.done())
+        if self._now is not None and self._alone and idle:
+            outcomes = self._now([events])
+            if outcomes is not None:
+                [outcome] = outcomes
+                if outcome is not None:
+                    self._forget(events)
+                    raise outcome
+                self._cache.follow(events)
+                return
         loop = asyncio.get_running_loop()
         done: asyncio.Future[None] = loop.create_future()
         self._pending.append((events, done))
@@ -47,6 +67,7 @@ class GroupCommit:
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
+            self._alone = len(batch) == 1
             try:
                 outcomes = await self._commit([events for events, _ in batch])
             except BaseException as exc:

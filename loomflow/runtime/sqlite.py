@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import logging
 import os
 import sqlite3
@@ -82,8 +82,8 @@ class SqliteStore(DatabaseStore):
         self._direct_lock = threading.Lock()
         self._known = sql.KnownRows()
         self._since_checkpoint = 0
-        self._checkpointing: asyncio.Future[None] | None = None
-        self._writes = GroupCommit(self._commit, self._cache)
+        self._checkpointing: concurrent.futures.Future[None] | None = None
+        self._writes = GroupCommit(self._commit, self._cache, self._commit_now)
 
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
@@ -115,32 +115,43 @@ class SqliteStore(DatabaseStore):
         the store's thread, which waits for it."""
         if self._direct is None:
             self._direct = await self._call(_open_direct, self.path)
-        if self._direct_lock.acquire(blocking=False):
-            try:
-                if self._direct is not None:
-                    outcomes = sql.commit_round(self._direct, batches, self._known)
-                    self._after_commit(sum(len(events) for events in batches))
-                    return outcomes
-            except sqlite3.OperationalError as exc:
-                if not sql.is_busy(exc):  # rolled back; busy: committed below instead
-                    raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
-            finally:
-                self._direct_lock.release()
-        return await self._call(sql.commit_round, batches)
+        outcomes = self._commit_now(batches)
+        if outcomes is None:
+            outcomes = await self._call(sql.commit_round, batches)
+        return outcomes
+
+    def _commit_now(self, batches: list[list[Event]]) -> Outcomes | None:
+        """Commit the round on the event loop's connection; None when that cannot be done
+        now (not opened yet, in use by another thread, the file busy: rolled back)."""
+        if self._direct is None or not self._direct_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._direct is None:
+                return None
+            outcomes = sql.commit_round(self._direct, batches, self._known)
+        except sqlite3.OperationalError as exc:
+            if sql.is_busy(exc):
+                return None
+            raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"the SQLite store {self.path}: {exc}") from exc
+        finally:
+            self._direct_lock.release()
+        self._after_commit(sum(len(events) for events in batches))
+        return outcomes
 
     def _after_commit(self, events: int) -> None:
         self._since_checkpoint += events
         if self._since_checkpoint < CHECKPOINT_EVERY or self._checkpointing is not None:
             return
-        # on the store's thread: the event loop goes on; appends meanwhile find the file
-        # busy and are committed on that thread after the checkpoint
+        # on the store's thread, started now (a lone writer's commits never yield to the
+        # event loop): appends meanwhile find the file busy and wait for it on that thread
         self._since_checkpoint = 0
-        self._checkpointing = asyncio.ensure_future(self._call(sql.checkpoint_wal))
+        self._checkpointing = self._thread.submit(sql.checkpoint_wal)
         self._checkpointing.add_done_callback(self._checkpointed)
 
-    def _checkpointed(self, done: asyncio.Future[None]) -> None:
+    def _checkpointed(self, done: concurrent.futures.Future[None]) -> None:
+        # on the store's thread; the next commit on the event loop's may start another
         self._checkpointing = None
         if not done.cancelled() and done.exception() is not None:
             # the next one tries again; a store that is away says so at its next write
