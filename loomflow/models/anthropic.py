@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     from anthropic.types import Message as ApiMessage
 
 from loomflow.errors import ModelError
-from loomflow.models.base import CallOptions, Effort, ModelResponse, ToolSpec
+from loomflow.models.base import CallOptions, Effort, ModelResponse, ToolSpec, continues
 from loomflow.schemas import (
     Message,
     RedactedThinkingBlock,
@@ -303,7 +302,7 @@ class _Converter:
     def convert(self, messages: Sequence[Message]) -> tuple[str | None, list[MessageParam]]:
         """The ``system`` parameter and the alternating ``messages`` list for a transcript."""
         known = len(self._seen)
-        if len(messages) < known or not all(map(operator.is_, messages, self._seen)):
+        if not continues(messages, self._seen):
             self._reset()
             known = 0
         try:
