@@ -843,10 +843,13 @@ def _peer_python() -> Path:
     return PEER_VENV / "bin" / "python"
 
 
-def ensure_peers(stores: list[str]) -> dict[str, str]:
-    """Build the peers venv and install what ``stores`` need; store -> why it cannot run."""
+def ensure_peers(
+    stores: list[str], requirements: dict[str, tuple[str, ...]] = PEER_REQUIREMENTS
+) -> dict[str, str]:
+    """Build the peers venv and install what ``stores`` need (pip requirements per store,
+    ``PEER_REQUIREMENTS`` unless told); store -> why it cannot run."""
     broken: dict[str, str] = {}
-    wanted = [s for s in stores if s in PEER_REQUIREMENTS]
+    wanted = [s for s in stores if s in requirements]
     if not wanted:
         return broken
     if not _peer_python().exists():
@@ -858,15 +861,15 @@ def ensure_peers(stores: list[str]) -> dict[str, str]:
             reason = f"venv creation failed: {_tail(made.stderr)}"
             return dict.fromkeys(wanted, reason)
     for store in wanted:
-        requirements = PEER_REQUIREMENTS[store]
+        needed = requirements[store]
         # a marker per store, so a changed pin reinstalls and a failed install is retried
         marker = PEER_VENV / f".bench-{store}.installed"
-        spec = "\n".join(requirements)
+        spec = "\n".join(needed)
         if marker.exists() and marker.read_text() == spec:
             continue
-        _log(f"installing {' '.join(requirements)} into the peers venv")
+        _log(f"installing {' '.join(needed)} into the peers venv")
         done = subprocess.run(
-            [str(_peer_python()), "-m", "pip", "install", "-q", *requirements],
+            [str(_peer_python()), "-m", "pip", "install", "-q", *needed],
             capture_output=True,
             text=True,
         )
@@ -900,29 +903,39 @@ def run_child(store: str, variant: str) -> dict[str, Any]:
     else:
         cmd = [sys.executable, "-m", "bench.checkpoints", "--child"]
     cmd += ["--store", store, "--variant", variant]
+    return run_measurement(cmd, {"store": store, "variant": variant})
+
+
+def run_measurement(
+    cmd: list[str],
+    labels: dict[str, Any],
+    env: dict[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run one measurement process; the last JSON line it printed, or ``labels`` with
+    the error that kept it from printing one."""
     # its own process group: a timeout kills the child and the processor it started
     child = subprocess.Popen(
         cmd,
         cwd=REPO,
-        env=_clean_env(),
+        env=_clean_env() if env is None else env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        stdout, stderr = child.communicate(timeout=CHILD_TIMEOUT_S)
+        stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         _kill_group(child)
-        reason = f"timed out after {CHILD_TIMEOUT_S}s (killed; its schema and topics may remain)"
-        return {"store": store, "variant": variant, "error": reason}
+        reason = f"timed out after {timeout:.0f}s (killed; its schema and topics may remain)"
+        return {**labels, "error": reason}
     except BaseException:
         _kill_group(child)
         raise
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
-        reason = f"exit {child.returncode}: {_tail(stderr)}"
-        return {"store": store, "variant": variant, "error": reason}
+        return {**labels, "error": f"exit {child.returncode}: {_tail(stderr)}"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -1325,6 +1338,42 @@ def _status(run: dict[str, Any]) -> str:
     return f"put p50 {run['put_p50']:.3f} ms"
 
 
+Results = dict[str, dict[str, list[dict[str, Any]]]]
+
+
+def schedule(
+    reps: int,
+    by_variant: dict[str, list[str]],
+    run: Callable[[str, str], dict[str, Any]],
+    broken: dict[str, str],
+    status: Callable[[dict[str, Any]], str],
+) -> Results:
+    """Every (variant, store) ``reps`` times, each by ``run(store, variant)`` unless the
+    store is ``broken``; variant -> store -> the runs' results, each logged as it ends."""
+    results: Results = {v: {} for v in by_variant}
+    # repetitions are the outer loop so slow drift in machine load hits every store alike
+    for rep in range(1, reps + 1):
+        for variant, stores in by_variant.items():
+            for store in stores:
+                if store in broken:
+                    result = {"store": store, "variant": variant, "error": broken[store]}
+                else:
+                    result = run(store, variant)
+                results[variant].setdefault(store, []).append(result)
+                _log(f"rep {rep}/{reps} {variant:<8} {store:<18} {status(result)}")
+    return results
+
+
+def peer_versions(results: Results) -> dict[str, str]:
+    """The package versions the runs reported (the peers')."""
+    versions: dict[str, str] = {}
+    for by_store in results.values():
+        for runs in by_store.values():
+            for run in runs:
+                versions.update(run.get("versions", {}))
+    return versions
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--variants", default=",".join(ALL_VARIANTS))
@@ -1349,24 +1398,9 @@ def main() -> None:
     by_variant = {v: [s for s in stores if v != AGENT or s in agent_pool] for v in variants}
 
     broken = ensure_peers(stores)
-    results: dict[str, dict[str, list[dict[str, Any]]]] = {v: {} for v in variants}
     started = time.perf_counter()
-    # repetitions are the outer loop so slow drift in machine load hits every store alike
-    for rep in range(1, args.reps + 1):
-        for variant in variants:
-            for store in by_variant[variant]:
-                if store in broken:
-                    run = {"store": store, "variant": variant, "error": broken[store]}
-                else:
-                    run = run_child(store, variant)
-                results[variant].setdefault(store, []).append(run)
-                _log(f"rep {rep}/{args.reps} {variant:<6} {store:<18} {_status(run)}")
-
-    versions: dict[str, str] = {}
-    for by_store in results.values():
-        for runs in by_store.values():
-            for run in runs:
-                versions.update(run.get("versions", {}))
+    results = schedule(args.reps, by_variant, run_child, broken, _status)
+    versions = peer_versions(results)
     print(
         f"# checkpoint stores, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; {os.cpu_count()} cores; "
         f"Python {platform.python_version()}; SQLite {sqlite3.sqlite_version}; "

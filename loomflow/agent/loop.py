@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import inspect
 import logging
 import time
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from loomflow.agent.context import RunContext
 from loomflow.agent.context import activate as activate_context
 from loomflow.agent.context import deactivate as deactivate_context
+from loomflow.agent.hashes import TranscriptHashes
 from loomflow.agent.signals import Suspended
 from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_of
 from loomflow.agent.tools import Tool, as_tool
@@ -195,6 +195,8 @@ class Agent:
         #: defaults of every run; a run's own keywords override them
         self.output_schema = _check_schema(output_schema)
         self.effort = _check_effort(effort)
+        #: where this agent's runs left their sessions' transcript hashes
+        self._hashes = TranscriptHashes()
 
     async def aclose(self) -> None:
         """Close what this agent created (a model client, its default runtime)."""
@@ -519,7 +521,11 @@ class _Run:
             writer.observer = self._observe
         self._calls_with_options = accepts_options(agent.model)
         self._per_call = self._call_options()
-        self.messages: list[Message] = list(restored.messages) if restored else []
+        #: the transcript and its hash, which a model call's step records
+        self._transcript = agent._hashes.start(
+            (writer.scope.user_id, writer.scope.session_id),
+            list(restored.messages) if restored else [],
+        )
         #: the run this one continues was interrupted right after the model's final
         #: answer, before its end was recorded: this one goes on from its stop hooks, with
         #: no nudge and no model call, as the interrupted run would have
@@ -539,9 +545,11 @@ class _Run:
         self.passes = 0
         self.stop_reason: StopReason = "completed"
         self._context_tokens: int | None = None
-        self._digest = hashlib.sha256()
-        for message in self.messages:
-            self._digest.update(message.model_dump_json().encode())
+
+    @property
+    def messages(self) -> list[Message]:
+        """The session's transcript as this run has it (grown by ``_append`` only)."""
+        return self._transcript.messages
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -551,6 +559,8 @@ class _Run:
             return await self._drive(prompt)
         finally:
             deactivate_context(token)
+            scope = self.writer.scope
+            self.agent._hashes.keep((scope.user_id, scope.session_id), self._transcript)
 
     async def _observe(self, events: list[Event]) -> None:
         for event in events:
@@ -701,8 +711,9 @@ class _Run:
 
     async def _model_turn(self) -> None:
         tools = [tool.spec for tool in self.tools.values()]
-        digest = self._digest.copy()
-        digest.update(orjson.dumps([self.agent.model.name, [t.name for t in tools]]))
+        digest = self._transcript.hexdigest(
+            orjson.dumps([self.agent.model.name, [t.name for t in tools]])
+        )
         options = self._per_call
         started = time.perf_counter()
         if options:
@@ -720,7 +731,7 @@ class _Run:
             usage=response.usage,
             model_call=True,
             step_key=f"model:{self.turns}",
-            input_hash=digest.hexdigest()[:32],
+            input_hash=digest[:32],
             model=self.agent.model.name,
             latency_ms=latency_ms,
         )
@@ -944,11 +955,8 @@ class _Run:
                 latency_ms=latency_ms,
             ),
         )
-        self.messages = compacted
+        self._transcript.replace(compacted)
         self._context_tokens = None
-        self._digest = hashlib.sha256()
-        for message in compacted:
-            self._digest.update(message.model_dump_json().encode())
         logger.info("compacted %d messages of %s", len(head), self.writer.scope.describe())
 
     async def _checkpoint(self) -> None:
@@ -980,9 +988,7 @@ class _Run:
             await self.writer.emit(TurnAppended, payload)
         else:
             await self.writer.send(TurnAppended, payload)
-        self.messages.extend(messages)
-        for message in messages:
-            self._digest.update(message.model_dump_json().encode())
+        self._transcript.extend(messages)
 
     async def _record_failure(self, exc: BaseException) -> None:
         if isinstance(exc, InvalidEventError):

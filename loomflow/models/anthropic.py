@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import operator
 import re
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
+
+import orjson
 
 if TYPE_CHECKING:
     import anthropic
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from anthropic.types import Message as ApiMessage
 
 from loomflow.errors import ModelError
-from loomflow.models.base import CallOptions, Effort, ModelResponse, ToolSpec
+from loomflow.models.base import CallOptions, Effort, ModelResponse, ToolSpec, continues
 from loomflow.schemas import (
     Message,
     RedactedThinkingBlock,
@@ -303,7 +304,7 @@ class _Converter:
     def convert(self, messages: Sequence[Message]) -> tuple[str | None, list[MessageParam]]:
         """The ``system`` parameter and the alternating ``messages`` list for a transcript."""
         known = len(self._seen)
-        if len(messages) < known or not all(map(operator.is_, messages, self._seen)):
+        if not continues(messages, self._seen):
             self._reset()
             known = 0
         try:
@@ -479,7 +480,7 @@ class AnthropicModel:
             if options.on_delta is not None or request["max_tokens"] > _STREAM_ABOVE_MAX_TOKENS:
                 reply = await self._stream(request, options.on_delta)
             else:
-                reply = await self.client.messages.create(**request)
+                reply = await self._create(request)
         except anthropic.APIError as exc:
             raise ModelError(_describe(self.name, exc)) from exc
         except httpx2.TransportError as exc:
@@ -624,12 +625,34 @@ class AnthropicModel:
             return {"type": "any"}
         return {"type": "tool", "name": name}
 
+    async def _create(self, request: dict[str, Any]) -> ApiMessage:
+        """``messages.create(**request)``, with the body encoded here (see ``_post``)."""
+        from anthropic.types import Message as ApiMessage
+
+        # below _STREAM_ABOVE_MAX_TOKENS the timeout ``create`` picks is the client's own
+        return await self.client.post(
+            "/v1/messages", cast_to=ApiMessage, content=_encoded(request, stream=False)
+        )
+
     async def _stream(
         self, request: dict[str, Any], on_delta: Callable[[str], Awaitable[None]] | None
     ) -> ApiMessage:
         failures = 0
         finished = False
-        async with self.client.messages.stream(**request) as stream:
+        from anthropic import AsyncStream
+        from anthropic.lib.streaming import AsyncMessageStreamManager
+        from anthropic.types import Message as ApiMessage
+        from anthropic.types import RawMessageStreamEvent
+
+        # ``messages.stream(**request)``, with the body encoded here (see ``_encoded``)
+        events = self.client.post(
+            "/v1/messages",
+            cast_to=ApiMessage,
+            content=_encoded(request, stream=True),
+            stream=True,
+            stream_cls=AsyncStream[RawMessageStreamEvent],
+        )
+        async with AsyncMessageStreamManager(events) as stream:
             async for event in stream:
                 finished = event.type == "message_stop"
                 if on_delta is None or event.type != "content_block_delta":
@@ -705,6 +728,24 @@ class AnthropicModel:
             usage=usage,
             stop_reason=stop_reason,
         )
+
+
+def _encoded(request: dict[str, Any], *, stream: bool) -> bytes:
+    """The JSON body of ``messages.create``/``stream(**request)``.
+
+    Encoded here because the SDK prepares a body by copying every container in it, in
+    Python, and then encodes it with the ``json`` module. The Messages API takes the whole
+    transcript on every call, so that grows with the session: ~30 ms a call for a
+    transcript of 200 user turns (~320 KB), where orjson encodes the same bytes in 0.5 ms.
+    The SDK's documented ``post`` with ``content`` sends them as they are, with the
+    client's headers, retries, timeout and errors, and parses the reply as ``create`` and
+    ``stream`` do.
+    """
+    body = dict(request)
+    body.update(body.pop("extra_body", None) or {})
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
 
 
 def _strict_schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import operator
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -18,6 +19,7 @@ __all__ = [
     "ModelResponse",
     "ToolSpec",
     "accepts_options",
+    "continues",
 ]
 
 
@@ -93,6 +95,17 @@ def accepts_options(model: Model) -> bool:
     return "options" in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
     )
+
+
+def continues(messages: Sequence[Message], seen: Sequence[Message]) -> bool:
+    """Whether ``messages`` begins with the very objects of ``seen``, in order.
+
+    A transcript only grows between calls, and the runtimes hand back the message objects
+    they were given or last read, so what was worked out for ``seen`` (a conversion, a
+    count, a hash) holds for that prefix of ``messages``: messages are frozen. A pointer
+    comparison per message, where comparing contents would cost about what is saved.
+    """
+    return len(messages) >= len(seen) and all(map(operator.is_, messages, seen))
 
 
 COMPACTION_INSTRUCTIONS = (

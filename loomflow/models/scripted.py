@@ -4,17 +4,41 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from loomflow.errors import ModelError
-from loomflow.models.base import COMPACTION_INSTRUCTIONS, CallOptions, ModelResponse, ToolSpec
+from loomflow.models.base import (
+    COMPACTION_INSTRUCTIONS,
+    CallOptions,
+    ModelResponse,
+    ToolSpec,
+    continues,
+)
 from loomflow.schemas import Message, Role, ToolCall, Usage
 
 __all__ = ["Reply", "ScriptedModel"]
 
 Reply = str | Message
 Script = Sequence[Reply] | Callable[[Sequence[Message]], Reply]
+_MAX_TRANSCRIPTS = 16
+
+
+@dataclass
+class _Tally:
+    """What the script and the usage need of a transcript: its size and its answers."""
+
+    seen: list[Message] = field(default_factory=list)
+    chars: int = 0
+    assistants: int = 0
+
+    def add(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self.chars += _chars(message)
+            self.assistants += message.role is Role.ASSISTANT
+        self.seen.extend(messages)
 
 
 class ScriptedModel:
@@ -44,6 +68,10 @@ class ScriptedModel:
         self._latency = latency
         self._on_call = on_call
         self.calls: list[list[Message]] = []
+        # the tallies of recent transcripts by their first message, extended as each grows,
+        # so that a call costs what its new messages cost (one model may serve several
+        # sessions at once)
+        self._tallies: OrderedDict[int, _Tally] = OrderedDict()
         #: the options each call got (None: called without)
         self.options: list[CallOptions | None] = []
 
@@ -69,7 +97,8 @@ class ScriptedModel:
                 await outcome
         if self._latency:
             await asyncio.sleep(self._latency)  # stands in for network time, not for sync
-        index = sum(1 for m in messages if m.role is Role.ASSISTANT)
+        tally = self._tally(messages)
+        index = tally.assistants
         if messages and messages[0].content == COMPACTION_INSTRUCTIONS:
             reply: Reply = f"Summary of {len(messages[1].content)} characters of work so far."
         elif callable(self._script):
@@ -94,10 +123,21 @@ class ScriptedModel:
         if options is not None and options.on_delta is not None:
             for piece in re.findall(r"\S+\s*|\s+", message.content):
                 await options.on_delta(piece)
-        return ModelResponse(message=message, usage=self._usage(messages, message))
+        return ModelResponse(message=message, usage=self._usage(tally, message))
 
-    def _usage(self, messages: Sequence[Message], reply: Message) -> Usage:
-        tokens_in = sum(_chars(m) for m in messages) // 4 + 1
+    def _tally(self, messages: Sequence[Message]) -> _Tally:
+        key = id(messages[0]) if messages else 0
+        tally = self._tallies.pop(key, None)
+        if tally is None or not continues(messages, tally.seen):
+            tally = _Tally()
+        tally.add(messages[len(tally.seen) :])
+        self._tallies[key] = tally  # most recently used last
+        if len(self._tallies) > _MAX_TRANSCRIPTS:
+            self._tallies.popitem(last=False)
+        return tally
+
+    def _usage(self, tally: _Tally, reply: Message) -> Usage:
+        tokens_in = tally.chars // 4 + 1
         tokens_out = _chars(reply) // 4 + 1
         cost = (tokens_in * self._price_in + tokens_out * self._price_out) / 1_000_000
         return Usage(input_tokens=tokens_in, output_tokens=tokens_out, cost_usd=round(cost, 10))

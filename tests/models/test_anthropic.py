@@ -1142,3 +1142,42 @@ async def test_a_message_the_api_cannot_take_fails_the_call_and_nothing_else(
     assert server.requests[-1]["messages"] == [
         {"role": "user", "content": [{"type": "text", "text": t} for t in ("one", "two")]}
     ]
+
+
+async def test_requests_carry_the_bytes_the_sdk_would_send(
+    server: FakeAnthropicServer, clients: list[AnthropicModel]
+) -> None:
+    """The adapter encodes the body itself (the SDK's preparation of a long transcript
+    costs tens of milliseconds a call): the API must not see a difference."""
+    respond_with(server, lambda body: text_response("ok"))
+    model = model_for(server, clients, temperature=0.5)
+    call = ToolCall(
+        id="toolu_1", name="get_weather", arguments={"city": "Zürich", "n": [1.5, None]}
+    )
+    transcript = [
+        Message.system("Be brief. ✓"),
+        Message.user("Weather in Zürich?"),
+        Message.assistant("Let me look — 🌦", tool_calls=[call]),
+        Message.tool("toolu_1", 'sunny, "12 °C"'),
+        Message.user("And tomorrow?"),
+    ]
+    options = CallOptions(effort=Effort.LOW)
+
+    async def on_delta(text: str) -> None:
+        pass
+
+    await model.complete(transcript, [WEATHER], options=options)
+    await model.complete(transcript, [WEATHER], options=CallOptions(on_delta=on_delta))
+    request, _ = model._request(transcript, [WEATHER], options)
+    await model.client.messages.create(**request)
+    request, _ = model._request(transcript, [WEATHER], CallOptions())
+    async with model.client.messages.stream(**request) as stream:
+        await stream.get_final_message()
+
+    ours_plain, ours_streamed, sdk_plain, sdk_streamed = server.raw_requests
+    # the same JSON (the SDK orders the top-level keys by its signature), and the text as
+    # UTF-8 as the SDK sends it, not as escapes
+    assert json.loads(ours_plain) == json.loads(sdk_plain)
+    assert json.loads(ours_streamed) == json.loads(sdk_streamed)
+    for raw in (ours_plain, ours_streamed):
+        assert "Zürich".encode() in raw and "🌦".encode() in raw
