@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from loomflow.projections.fold import (
+    AddTranscript,
     CheckpointRow,
     EraseSession,
     PruneFilter,
@@ -33,6 +34,16 @@ class _Entry:
     row: SessionRow
     log: list[Event] = field(default_factory=list)
     model: MemorySession = field(default_factory=MemorySession)
+    #: the transcript from its latest base (``base_seq``) through the last event, kept as
+    #: events are appended: a resume reads a prefix of it instead of the whole log
+    messages: list[Message] = field(default_factory=list)
+    base_seq: int = 0
+
+    def follow(self, mutation: AddTranscript) -> None:
+        if mutation.base:
+            self.messages, self.base_seq = list(mutation.messages), mutation.seq
+        else:
+            self.messages.extend(mutation.messages)
 
 
 class InProcStore(EventStore):
@@ -61,9 +72,12 @@ class InProcStore(EventStore):
                 entry = self._sessions.setdefault(key, _Entry(changed[key]))
                 if any(isinstance(m, EraseSession) for m in change.mutations):
                     entry.log.clear()
+                    entry.messages, entry.base_seq = [], 0
                 entry.log.append(event)
                 for mutation in change.mutations:
                     apply(entry.model, mutation)
+                    if isinstance(mutation, AddTranscript):
+                        entry.follow(mutation)
             for key, row in changed.items():
                 self._sessions[key].row = row
 
@@ -106,6 +120,8 @@ class InProcStore(EventStore):
         entry = self._entry(scope)
         if entry is None:
             return []
+        if base_seq == entry.base_seq and message_count <= len(entry.messages):
+            return entry.messages[:message_count]  # a checkpoint since the latest base
         return materialise(e for e in entry.log if base_seq <= e.seq <= upto_seq)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
