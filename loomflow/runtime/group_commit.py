@@ -26,10 +26,11 @@ class GroupCommit:
     then cost one commit per round instead of one each.
 
     ``now(batches)``, where a store has it, commits a round at once without yielding, or
-    returns None when it cannot (the file is busy). A lone writer's append (the last
-    round held one append, nothing waits) is committed with it in the caller's own step:
-    no task to start and no future to wake, which is most of what a round costs besides
-    its SQL. Once rounds hold several appends, appends queue for them again.
+    returns None when it cannot (the file is busy). A lone writer's append is committed
+    with it in the caller's own step: no task to start and no future to wake, which is
+    most of what a round costs besides its SQL. A writer counts as alone while the
+    appends follow each other from one session with nothing queued; once sessions take
+    turns, their appends queue for rounds again, which they share.
     """
 
     def __init__(
@@ -43,12 +44,13 @@ class GroupCommit:
         self._cache = cache
         self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
         self._drainer: asyncio.Task[None] | None = None
-        #: the last round held one append: the writer is alone
-        self._alone = True
+        #: the session of the last append
+        self._last: tuple[str | None, str] | None = None
 
     async def append(self, events: list[Event]) -> None:
+        key, self._last = self._last, (events[0].user_id, events[0].session_id)
         idle = not self._pending and (self._drainer is None or self._drainer.done())
-        if self._now is not None and self._alone and idle:
+        if self._now is not None and key == self._last and idle:
             outcomes = self._now([events])
             if outcomes is not None:
                 [outcome] = outcomes
@@ -67,7 +69,6 @@ class GroupCommit:
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            self._alone = len(batch) == 1
             try:
                 outcomes = await self._commit([events for events, _ in batch])
             except BaseException as exc:
