@@ -31,7 +31,7 @@ T = TypeVar("T")
 logger = logging.getLogger("loomflow.runtime")
 
 #: how many events the event loop's connection commits between two WAL checkpoints on
-#: the store's thread. A commit of one event writes its log row and 4-6 pages of indexes
+#: the store's thread. A commit of one event writes its log row and 4-7 pages of indexes
 #: and rows, so the WAL stays under ~30 MB; events committed in one round share pages.
 #: Appends wait while a checkpoint runs, so rarer is better for tails (SQLite's own
 #: default, every 1,000 pages, would checkpoint every ~150 events of a lone session).
