@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -317,6 +318,7 @@ class Ours(ScaleStore):
             restore_ms = _ms(t0)
         finally:
             await runtime.close()
+        gc.collect()
         if state is None or len(state.messages) != 2 * passes + 1:
             problems.append(f"{name}: restore read {state and len(state.messages)} messages")
         runtime = self._runtime()
@@ -534,19 +536,23 @@ async def measure(store: ScaleStore, plan: Plan, samples: int) -> dict[str, Any]
         "get_p99": percentile(gets, 99),
         "samples": len(listed),
     }
-    for kind, (kind_passes, _) in RESUME_KINDS.items():
-        restores: list[float] = []
-        resumes: list[float] = []
-        for copy in range(plan.copies):
+    resumes: dict[str, list[float]] = {kind: [] for kind in RESUME_KINDS}
+    restores: dict[str, list[float]] = {kind: [] for kind in RESUME_KINDS}
+    # copy by copy, the kinds in turn: drift in the machine's load hits every kind alike
+    for copy in range(plan.copies):
+        for kind, (kind_passes, _) in RESUME_KINDS.items():
+            # the garbage the load of earlier samples left is not this sample's cost
+            gc.collect()
             restore_ms, resume_ms, found = await store.resume(
                 plan.resume_index(kind, copy), kind_passes
             )
-            resumes.append(resume_ms)
+            resumes[kind].append(resume_ms)
             if restore_ms is not None:
-                restores.append(restore_ms)
+                restores[kind].append(restore_ms)
             problems += found
-        result[f"{kind}_resume"] = statistics.median(resumes)
-        result[f"{kind}_restore"] = statistics.median(restores) if restores else None
+    for kind in RESUME_KINDS:
+        result[f"{kind}_resume"] = statistics.median(resumes[kind])
+        result[f"{kind}_restore"] = statistics.median(restores[kind]) if restores[kind] else None
     result["problems"] = problems[:5]
     result["ok"] = not problems
     return result
@@ -893,7 +899,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     )
     parser.add_argument("--stores", help="comma-separated, each store or store@sessions")
     parser.add_argument("--samples", type=int, default=300)
-    parser.add_argument("--copies", type=int, default=5, help="sessions of each resume kind")
+    parser.add_argument("--copies", type=int, default=7, help="sessions of each resume kind")
     parser.add_argument("--workers", type=int, default=200, help="sessions written at a time")
     parser.add_argument("--fresh", action="store_true", help="reload cached SQLite files")
     parser.add_argument("--json", type=Path)
