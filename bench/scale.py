@@ -65,6 +65,7 @@ import os
 import platform
 import random
 import secrets
+import shutil
 import sqlite3
 import statistics
 import subprocess
@@ -84,28 +85,24 @@ if not __package__:
     sys.path.append(str(REPO))
 
 from bench.checkpoints import (  # noqa: E402
-    PEER_VENV,
+    PEER_REQUIREMENTS,
     _clean_env,
-    _kill_group,
     _log,
     _peer_python,
-    _tail,
     ensure_peers,
 )
 from bench.workload import LIST_LIMIT, SYSTEM_PROMPT, _text, percentile  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench-scale"
-#: bump when what a load writes changes, so cached files are not reused
-CONTENT_VERSION = 1
+#: bump when what a load writes changes, so cached files are not reused (2: files were
+#: measured in place before, their resume sessions resumed)
+CONTENT_VERSION = 2
 USER_CHARS, ANSWER_CHARS = 50, 120
 POOL = 997  # distinct texts of each kind; a pass picks by (session, pass)
-RESUME_SHORT, RESUME_LONG, SPARSE_STRIDE = 10, 1_000, 100
-#: resume session kinds: name -> (passes, a checkpoint every this many passes)
-RESUME_KINDS: dict[str, tuple[int, int]] = {
-    "r10": (RESUME_SHORT, 1),
-    "r1000": (RESUME_LONG, 1),
-    "r1000c10": (RESUME_LONG, SPARSE_STRIDE),
-}
+RESUME_SHORT, RESUME_LONG = 10, 1_000
+#: the resume session kinds: the short session, the long one, the long one with a tenth
+#: of its checkpoints (each kind's passes and checkpoint stride: Plan.kinds)
+RESUME_KINDS = ("r10", "r1000", "r1000c10")
 OUR_STORES = ("lf-sqlite", "lf-pg")
 PEER_STORES = ("lg-sqlite", "lg-pg", "lf020-sqlite")
 PG_STORES = ("lf-pg", "lg-pg")
@@ -127,13 +124,24 @@ class Plan:
     sessions: int
     per_session: int
     copies: int
+    #: passes of the long resume sessions (smaller only in tests)
+    long: int = RESUME_LONG
+
+    def kinds(self) -> dict[str, tuple[int, int]]:
+        """Resume kind -> (passes, a checkpoint every this many passes)."""
+        short, sparse = RESUME_KINDS[0], RESUME_KINDS[2]
+        return {
+            short: (RESUME_SHORT, 1),
+            "r1000": (self.long, 1),
+            sparse: (self.long, max(1, self.long // 10)),
+        }
 
     def specs(self) -> Iterator[tuple[int, int, int]]:
         """(index, passes, stride) of each session to write; the long resume sessions
         first, so that they are written beside the bulk rather than alone at its end."""
         for kind in reversed(RESUME_KINDS):
             for copy in range(self.copies):
-                yield (self.resume_index(kind, copy), *RESUME_KINDS[kind])
+                yield (self.resume_index(kind, copy), *self.kinds()[kind])
         for index in range(self.sessions):
             yield index, self.per_session, 1
 
@@ -540,7 +548,7 @@ async def measure(store: ScaleStore, plan: Plan, samples: int) -> dict[str, Any]
     restores: dict[str, list[float]] = {kind: [] for kind in RESUME_KINDS}
     # copy by copy, the kinds in turn: drift in the machine's load hits every kind alike
     for copy in range(plan.copies):
-        for kind, (kind_passes, _) in RESUME_KINDS.items():
+        for kind, (kind_passes, _) in plan.kinds().items():
             # the garbage the load of earlier samples left is not this sample's cost
             gc.collect()
             restore_ms, resume_ms, found = await store.resume(
@@ -569,8 +577,9 @@ def child(argv: Sequence[str]) -> None:
     parser.add_argument("--copies", type=int, required=True)
     parser.add_argument("--workers", type=int, default=200)
     parser.add_argument("--samples", type=int, default=300)
+    parser.add_argument("--long-passes", type=int, default=RESUME_LONG)
     args = parser.parse_args(argv)
-    plan = Plan(args.sessions, args.per_session, args.copies)
+    plan = Plan(args.sessions, args.per_session, args.copies, args.long_passes)
     out: dict[str, Any] = {"store": args.store, "phase": args.phase}
     try:
         store = _make(args.store, args.target)
@@ -623,26 +632,22 @@ def _spawn(store: str, argv: list[str]) -> dict[str, Any]:
         cmd = [str(_peer_python()), str(REPO / "bench" / "scale.py"), "--child", *argv]
     else:
         cmd = [sys.executable, "-m", "bench.scale", "--child", *argv]
-    proc = subprocess.Popen(
-        cmd,
-        cwd=REPO,
-        env=_clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=None,  # progress goes straight to ours
-        text=True,
-        start_new_session=True,
-    )
+    # a child starts no process of its own: run() killing it on a timeout or an
+    # interrupt leaves nothing behind
     try:
-        stdout, _ = proc.communicate(timeout=CHILD_TIMEOUT_S)
+        done = subprocess.run(
+            cmd,
+            cwd=REPO,
+            env=_clean_env(),
+            stdout=subprocess.PIPE,  # its progress (stderr) goes straight to ours
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
         return {"error": f"timed out after {CHILD_TIMEOUT_S} s"}
-    except BaseException:
-        _kill_group(proc)
-        raise
-    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        return {"error": f"exit {proc.returncode}, no result"}
+        return {"error": f"exit {done.returncode}, no result"}
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -656,9 +661,10 @@ def _cache_key(store: str, plan: Plan) -> str:
         version = "lgsqlite3.1.2"
     else:
         version = "lf0.20.0"
-    return (
-        f"{store}-s{plan.sessions}-p{plan.per_session}-c{plan.copies}-{version}-w{CONTENT_VERSION}"
-    )
+    sizes = f"s{plan.sessions}-p{plan.per_session}-c{plan.copies}"
+    if plan.long != RESUME_LONG:
+        sizes += f"-l{plan.long}"
+    return f"{store}-{sizes}-{version}-w{CONTENT_VERSION}"
 
 
 def _sqlite_bytes(path: Path) -> int:
@@ -695,6 +701,8 @@ def run_store(store: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any
         str(plan.per_session),
         "--copies",
         str(plan.copies),
+        "--long-passes",
+        str(plan.long),
     ]
     out: dict[str, Any] = {"store": store, "sessions": plan.sessions, "cached": False}
     if store in PG_STORES:
@@ -713,9 +721,10 @@ def run_store(store: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any
             asyncio.run(_schema(dsn, 'DROP SCHEMA IF EXISTS "{schema}" CASCADE', schema))
         return out
 
-    CACHE.mkdir(parents=True, exist_ok=True)
+    cache: Path = args.cache
+    cache.mkdir(parents=True, exist_ok=True)
     key = _cache_key(store, plan)
-    path, done = CACHE / f"{key}.db", CACHE / f"{key}.json"
+    path, done = cache / f"{key}.db", cache / f"{key}.json"
     if args.fresh or not done.exists():
         done.unlink(missing_ok=True)
         for stale in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
@@ -730,7 +739,17 @@ def run_store(store: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any
         loaded = json.loads(done.read_text())
         out["cached"] = True
     out.update(loaded)
-    measured = _spawn(store, ["measure", "--target", str(path), *common, *_samples(args)])
+    # the resumes add a pass to their sessions: measure a copy, so the cached file stays
+    # as loaded
+    work = cache / f"{key}.measuring.db"
+    try:
+        for suffix in ("", "-wal"):
+            if Path(f"{path}{suffix}").exists():
+                shutil.copyfile(f"{path}{suffix}", f"{work}{suffix}")
+        measured = _spawn(store, ["measure", "--target", str(work), *common, *_samples(args)])
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{work}{suffix}").unlink(missing_ok=True)
     out.update({k: v for k, v in measured.items() if k != "phase"})
     return out
 
@@ -741,24 +760,6 @@ def _workers(args: argparse.Namespace) -> list[str]:
 
 def _samples(args: argparse.Namespace) -> list[str]:
     return ["--samples", str(args.samples)]
-
-
-def _ensure_lg_pg() -> str | None:
-    """Install LangGraph's Postgres saver into the peers venv; why it cannot run, or None."""
-    marker = PEER_VENV / ".bench-lg-pg.installed"
-    spec = "\n".join(LG_PG_REQUIREMENTS)
-    if marker.exists() and marker.read_text() == spec:
-        return None
-    _log(f"installing {' '.join(LG_PG_REQUIREMENTS)} into the peers venv")
-    done = subprocess.run(
-        [str(_peer_python()), "-m", "pip", "install", "-q", *LG_PG_REQUIREMENTS],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        return f"pip install failed: {_tail(done.stderr)}"
-    marker.write_text(spec)
-    return None
 
 
 # -- the table -----------------------------------------------------------------------------
@@ -853,14 +854,14 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
         "runtime.get_checkpoint(scope) in a fresh process; peers their latest-checkpoint read.",
         "resume (ours): agent.resume() of a new Agent on a new runtime, one scripted pass;",
         "peers: the latest-checkpoint read on a freshly opened store. The same-transcript",
-        f"column (1,000 passes, a checkpoint every {SPARSE_STRIDE} vs every pass) is the one",
+        f"column (1,000 passes, a checkpoint every {RESUME_LONG // 10} vs every pass) is the one",
         "judged against the 1.5x target: only the number of checkpoints differs there.",
     ]
     cached = [r for r in runs if r.get("cached")]
     for run in cached:
         out.append(
             f"{run['store']} ({run['sessions']:,} sessions): file loaded by an earlier run "
-            f"({run.get('loaded_at', '?')}) and reused from {CACHE.relative_to(REPO)}; "
+            f"({run.get('loaded_at', '?')}) and reused from {args.cache}; "
             "its load s and ckpt/s are that run's (--fresh reloads)"
         )
     return "\n".join(out)
@@ -902,19 +903,22 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--copies", type=int, default=7, help="sessions of each resume kind")
     parser.add_argument("--workers", type=int, default=200, help="sessions written at a time")
     parser.add_argument("--fresh", action="store_true", help="reload cached SQLite files")
+    parser.add_argument("--cache", type=Path, default=CACHE, help="where loaded files are kept")
+    parser.add_argument(
+        "--long-passes", type=int, default=RESUME_LONG, help="passes of the long resume sessions"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     stores = _parse_stores(args.stores, args)
     peers = sorted({s for s, _ in stores if s in PEER_STORES})
-    broken = ensure_peers([s for s in peers if s != "lg-pg"])
-    if "lg-pg" in peers:
-        why = ensure_peers(["lg-sqlite"]).get("lg-sqlite") or _ensure_lg_pg()
-        if why:
-            broken["lg-pg"] = why
+    # LangGraph's Postgres saver is a peer of this benchmark only: installed (and marked
+    # as installed) by the same code as the others
+    PEER_REQUIREMENTS.setdefault("lg-pg", LG_PG_REQUIREMENTS)
+    broken = ensure_peers(peers)
     started = time.perf_counter()
     runs: list[dict[str, Any]] = []
     for store, sessions in stores:
-        plan = Plan(sessions, args.per_session, args.copies)
+        plan = Plan(sessions, args.per_session, args.copies, args.long_passes)
         _log(f"{store}: {sessions:,} sessions x {args.per_session} passes")
         if store in broken:
             run = {"store": store, "sessions": sessions, "error": broken[store]}
