@@ -72,7 +72,7 @@ import subprocess
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
@@ -94,15 +94,16 @@ from bench.checkpoints import (  # noqa: E402
 from bench.workload import LIST_LIMIT, SYSTEM_PROMPT, _text, percentile  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench-scale"
-#: bump when what a load writes changes, so cached files are not reused (2: files were
-#: measured in place before, their resume sessions resumed)
-CONTENT_VERSION = 2
+#: bump when what a load writes changes, so cached files are not reused (3: the load
+#: writes the bulk alone; the measuring process writes the resume sessions into a copy)
+CONTENT_VERSION = 3
 USER_CHARS, ANSWER_CHARS = 50, 120
 POOL = 997  # distinct texts of each kind; a pass picks by (session, pass)
 RESUME_SHORT, RESUME_LONG = 10, 1_000
 #: the resume session kinds: the short session, the long one, the long one with a tenth
 #: of its checkpoints (each kind's passes and checkpoint stride: Plan.kinds)
 RESUME_KINDS = ("r10", "r1000", "r1000c10")
+RESUME_BASE = 9_000_000
 OUR_STORES = ("lf-sqlite", "lf-pg")
 PEER_STORES = ("lg-sqlite", "lg-pg", "lf020-sqlite")
 PG_STORES = ("lf-pg", "lg-pg")
@@ -136,20 +137,27 @@ class Plan:
             sparse: (self.long, max(1, self.long // 10)),
         }
 
-    def specs(self) -> Iterator[tuple[int, int, int]]:
-        """(index, passes, stride) of each session to write; the long resume sessions
-        first, so that they are written beside the bulk rather than alone at its end."""
-        for kind in reversed(RESUME_KINDS):
-            for copy in range(self.copies):
-                yield (self.resume_index(kind, copy), *self.kinds()[kind])
-        for index in range(self.sessions):
-            yield index, self.per_session, 1
+    def bulk(self) -> list[tuple[int, int, int]]:
+        """(index, passes, stride) of each session the load writes."""
+        return [(index, self.per_session, 1) for index in range(self.sessions)]
+
+    def resumes(self) -> list[tuple[int, int, int]]:
+        """(index, passes, stride) of the resume sessions, the long ones first."""
+        kinds = self.kinds()
+        return [
+            (self.resume_index(kind, copy), *kinds[kind])
+            for kind in reversed(RESUME_KINDS)
+            for copy in range(self.copies)
+        ]
 
     def resume_index(self, kind: str, copy: int) -> int:
-        return self.sessions + list(RESUME_KINDS).index(kind) * self.copies + copy
+        # far above the bulk's indices, so that a cached file loaded with other sizes
+        # never holds them
+        return RESUME_BASE + RESUME_KINDS.index(kind) * self.copies + copy
 
-    def checkpoints(self) -> int:
-        return sum(-(-passes // stride) for _, passes, stride in self.specs())
+
+def checkpoints(specs: Sequence[tuple[int, int, int]]) -> int:
+    return sum(-(-passes // stride) for _, passes, stride in specs)
 
 
 def _pool(seed: int, chars: int) -> list[str]:
@@ -215,6 +223,8 @@ class Ours(ScaleStore):
     def __init__(self, store: str, target: str) -> None:
         self.store, self.target = store, target
         self.runtime = self._runtime()
+        # built once: list50 times the listing, not the building of an Agent
+        self.lister = self._agent(self.runtime)
 
     def _runtime(self) -> Any:
         from loomflow.runtime import PostgresRuntime, SqliteRuntime
@@ -302,7 +312,7 @@ class Ours(ScaleStore):
         return Agent(SYSTEM_PROMPT, model=model, runtime=runtime, tuning=Tuning(checkpoint=True))
 
     async def list50(self, index: int) -> tuple[int, int | None]:
-        metas = await self._agent(self.runtime).list_checkpoints(session_name(index), LIST_LIMIT)
+        metas = await self.lister.list_checkpoints(session_name(index), LIST_LIMIT)
         return len(metas), metas[0].turn if metas else None
 
     async def latest(self, index: int) -> tuple[int, str, int]:
@@ -321,17 +331,6 @@ class Ours(ScaleStore):
         runtime = self._runtime()
         try:
             await self._connect(runtime)
-            t0 = time.perf_counter_ns()
-            state = await runtime.restore(Scope(name))
-            restore_ms = _ms(t0)
-        finally:
-            await runtime.close()
-        gc.collect()
-        if state is None or len(state.messages) != 2 * passes + 1:
-            problems.append(f"{name}: restore read {state and len(state.messages)} messages")
-        runtime = self._runtime()
-        try:
-            await self._connect(runtime)
             agent = self._agent(runtime)
             t0 = time.perf_counter_ns()
             result = await agent.resume(RESUME_PROMPT, session_id=name)
@@ -346,6 +345,19 @@ class Ours(ScaleStore):
             )
         if len(seen) != 2 * passes + 2 or seen[-1].content != RESUME_PROMPT:
             problems.append(f"{name}: the resumed model saw {len(seen)} messages")
+        gc.collect()
+        # after the resume: the session's pages are in the OS cache, so this is the
+        # restore's own work; the resume added a pass (its prompt and answer)
+        runtime = self._runtime()
+        try:
+            await self._connect(runtime)
+            t0 = time.perf_counter_ns()
+            state = await runtime.restore(Scope(name))
+            restore_ms = _ms(t0)
+        finally:
+            await runtime.close()
+        if state is None or len(state.messages) != 2 * passes + 3:
+            problems.append(f"{name}: restore read {state and len(state.messages)} messages")
         return restore_ms, resume_ms, problems
 
     async def close(self) -> None:
@@ -482,12 +494,13 @@ def _make(store: str, target: str) -> ScaleStore:
     return Ours(store, target) if store in OUR_STORES else Peer(store, target)
 
 
-async def load(store: ScaleStore, plan: Plan, workers: int) -> dict[str, Any]:
-    """Write every session of ``plan``, ``workers`` at a time; the write's wall time."""
-    specs = list(plan.specs())
+async def write_all(
+    store: ScaleStore, specs: Sequence[tuple[int, int, int]], workers: int
+) -> dict[str, Any]:
+    """Write every session of ``specs``, ``workers`` at a time; the write's wall time."""
     pending = iter(specs)
     done = 0
-    total = plan.checkpoints()
+    total = checkpoints(specs)
     step = max(1, len(specs) // 10)
     started = time.perf_counter()
 
@@ -508,8 +521,13 @@ async def load(store: ScaleStore, plan: Plan, workers: int) -> dict[str, Any]:
     return {"load_s": wall, "checkpoints": total, "ckpt_per_s": total / wall}
 
 
-async def measure(store: ScaleStore, plan: Plan, samples: int) -> dict[str, Any]:
-    """list / get over random sessions, then the resume kinds."""
+async def measure(
+    make: Callable[[], ScaleStore], plan: Plan, samples: int, workers: int
+) -> dict[str, Any]:
+    """Write the resume sessions (untimed); then list / get over random sessions of the
+    bulk, with a new store instance; then the resume kinds."""
+    written = await write_all(make(), plan.resumes(), workers)
+    store = make()
     rng = random.Random(12)
     chosen = rng.sample(range(plan.sessions), min(plan.sessions, 2 * samples))
     listed, got = chosen[: len(chosen) // 2] or chosen, chosen[len(chosen) // 2 :] or chosen
@@ -537,6 +555,7 @@ async def measure(store: ScaleStore, plan: Plan, samples: int) -> dict[str, Any]
     finally:
         await store.close()
     result: dict[str, Any] = {
+        "resume_checkpoints": written["checkpoints"],
         "list_p50": percentile(lists, 50),
         "list_p99": percentile(lists, 99),
         "list_rows": sorted(rows_seen),
@@ -582,11 +601,12 @@ def child(argv: Sequence[str]) -> None:
     plan = Plan(args.sessions, args.per_session, args.copies, args.long_passes)
     out: dict[str, Any] = {"store": args.store, "phase": args.phase}
     try:
-        store = _make(args.store, args.target)
         if args.phase == "load":
-            out.update(asyncio.run(load(store, plan, args.workers)))
+            store = _make(args.store, args.target)
+            out.update(asyncio.run(write_all(store, plan.bulk(), args.workers)))
         else:
-            out.update(asyncio.run(measure(store, plan, args.samples)))
+            run = measure(lambda: _make(args.store, args.target), plan, args.samples, args.workers)
+            out.update(asyncio.run(run))
         out["versions"] = _versions()
     except Exception as exc:
         import traceback
@@ -715,7 +735,8 @@ def run_store(store: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any
             out.update(loaded)
             if "error" not in loaded:
                 out["bytes"] = asyncio.run(_schema(dsn, "size", schema))
-                measured = _spawn(store, ["measure", "--target", schema, *common, *_samples(args)])
+                measure = ["measure", "--target", schema, *common, *_samples(args), *_workers(args)]
+                measured = _spawn(store, measure)
                 out.update({k: v for k, v in measured.items() if k != "phase"})
         finally:
             asyncio.run(_schema(dsn, 'DROP SCHEMA IF EXISTS "{schema}" CASCADE', schema))
@@ -746,7 +767,8 @@ def run_store(store: str, plan: Plan, args: argparse.Namespace) -> dict[str, Any
         for suffix in ("", "-wal"):
             if Path(f"{path}{suffix}").exists():
                 shutil.copyfile(f"{path}{suffix}", f"{work}{suffix}")
-        measured = _spawn(store, ["measure", "--target", str(work), *common, *_samples(args)])
+        measure = ["measure", "--target", str(work), *common, *_samples(args), *_workers(args)]
+        measured = _spawn(store, measure)
     finally:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{work}{suffix}").unlink(missing_ok=True)
@@ -789,7 +811,7 @@ HEADER = (
     "get p50/p99 ms",
     "resume 10 / 1,000 passes ms (ratio)",
     "resume 10 / 1,000 ckpts, same transcript ms (ratio)",
-    "restore alone: 10 / 1,000 passes; 10 / 1,000 ckpts ms",
+    "restore alone (after the resume): 10 / 1,000 passes; 10 / 1,000 ckpts ms",
     "ok",
 )
 
@@ -848,14 +870,19 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
     out += [table_row(run) for run in runs]
     out += [
         "",
-        "checkpoints include the resume sessions (3 kinds x copies). file MB: SQLite file + WAL;",
-        "PostgreSQL: pg_total_relation_size of the schema's tables. list: ours",
+        "checkpoints: the bulk the load wrote and timed. The resume sessions (3 kinds x copies:",
+        f"{RESUME_SHORT} and {RESUME_LONG} passes, a checkpoint each pass; {RESUME_LONG} passes, "
+        f"one every {RESUME_LONG // 10}) are then written",
+        "into the loaded store by the measuring process (untimed; SQLite: into a copy of the",
+        "file, so a cached file stays as loaded). file MB: SQLite file + WAL; PostgreSQL:",
+        "pg_total_relation_size of the schema's tables, after the load. list: ours",
         "agent.list_checkpoints (metadata only); peers their list of 50. get: ours",
         "runtime.get_checkpoint(scope) in a fresh process; peers their latest-checkpoint read.",
         "resume (ours): agent.resume() of a new Agent on a new runtime, one scripted pass;",
-        "peers: the latest-checkpoint read on a freshly opened store. The same-transcript",
-        f"column (1,000 passes, a checkpoint every {RESUME_LONG // 10} vs every pass) is the one",
-        "judged against the 1.5x target: only the number of checkpoints differs there.",
+        "restore alone: runtime.restore(scope) on another new runtime right after that resume",
+        "(the session's pages in the OS cache). Peers: the latest-checkpoint read on a freshly",
+        "opened store. The same-transcript column (a checkpoint every 100 passes vs every pass)",
+        "is the one judged against the 1.5x target: only the number of checkpoints differs.",
     ]
     cached = [r for r in runs if r.get("cached")]
     for run in cached:

@@ -27,28 +27,33 @@ def test_a_tiny_load_is_measured_then_reused_from_the_cache(
     run = _run(tmp_path)
     assert "error" not in run, run
     assert run["ok"], run["problems"]
-    # 4 sessions of 3 passes; resume sessions of 10, 20 and 20 passes (10 checkpoints)
-    assert run["checkpoints"] == 4 * 3 + 10 + 20 + 10
+    # the load: 4 sessions of 3 passes; then resume sessions of 10, 20 and 20 passes
+    # (the last with 10 checkpoints)
+    assert run["checkpoints"] == 4 * 3
+    assert run["resume_checkpoints"] == 10 + 20 + 10
     assert run["list_rows"] == [3]
     assert run["bytes"] > 0 and not run["cached"]
     for kind in scale.RESUME_KINDS:
         assert run[f"{kind}_resume"] > 0 and run[f"{kind}_restore"] > 0
     table = capsys.readouterr().out
-    assert "| lf-sqlite | 52 | 4 |" in table
+    assert "| lf-sqlite | 12 | 4 |" in table
 
     again = _run(tmp_path)
     assert again["cached"] and again["load_s"] == run["load_s"]
-    # the first run resumed its sessions in a copy: the cached file is as loaded
+    # the first run wrote and resumed its resume sessions in a copy: the cached file is
+    # as loaded
     assert again["ok"], again["problems"]
     assert "reused from" in capsys.readouterr().out
     fresh = _run(tmp_path, "--fresh")
     assert not fresh["cached"] and fresh["ok"], fresh.get("problems")
 
 
-def test_the_plan_writes_the_long_sessions_first_and_names_each_kind_once() -> None:
+def test_the_plan_writes_the_long_sessions_first_and_names_each_session_once() -> None:
     plan = scale.Plan(sessions=3, per_session=5, copies=2, long=30)
-    specs = list(plan.specs())
-    assert [passes for _, passes, _ in specs[:4]] == [30, 30, 30, 30]
-    assert sorted(index for index, _, _ in specs) == list(range(3 + 3 * 2))
+    resumes = plan.resumes()
+    assert [passes for _, passes, _ in resumes[:4]] == [30, 30, 30, 30]
+    indexes = [index for index, _, _ in (*plan.bulk(), *resumes)]
+    assert len(set(indexes)) == 3 + 3 * 2
     assert plan.kinds()["r1000c10"] == (30, 3)
-    assert plan.checkpoints() == 3 * 5 + 2 * (10 + 30 + 10)
+    assert scale.checkpoints(plan.bulk()) == 3 * 5
+    assert scale.checkpoints(resumes) == 2 * (10 + 30 + 10)
