@@ -26,7 +26,9 @@ pg_total_relation_size of the schema's tables (indexes and TOAST included).
 **Cache.** A loaded SQLite file is kept under .cache/bench-scale/, keyed by store, sizes and
 the store's schema or package version, and reused by a later run (the table says
 "cached" and gives the load time of the run that wrote it); ``--fresh`` deletes and
-reloads it. PostgreSQL schemas are always loaded fresh and dropped at the end.
+reloads it. The measuring process works on a copy of it (the resumes write to their
+sessions); that copy, just written, is in the OS page cache. PostgreSQL schemas are
+always loaded fresh, measured as the load left them and dropped at the end.
 
 **list / get.** In the measuring process, over ``--samples`` random sessions each (two
 disjoint samples, so a get never reads pages the list of the same session just read):
@@ -36,8 +38,8 @@ list of 50 and their latest-checkpoint read. Rows are checked (50 rows, newest f
 the latest holds every message written).
 
 **resume 10 / 1,000.** Two ways to read "resume within 1.5x from 10 to 1,000
-checkpoints", ``--copies`` sessions of each kind, every one written in the same store
-during the load:
+checkpoints", ``--copies`` sessions of each kind, written into the loaded store (untimed)
+by the measuring process before it measures anything, all at once:
 
 - *natural*: a session of 10 passes against one of 1,000 passes, one checkpoint each: the
   transcript grows 100x too (21 against 2,001 messages), so decoding it grows.
@@ -48,7 +50,8 @@ during the load:
 
 Ours: ``await agent.resume(prompt, session_id=...)`` of a new Agent on a new runtime (its
 connection opened before the clock starts) with a ScriptedModel answering one short pass,
-and ``runtime.restore(scope)`` alone, on another new runtime; each session resumed once.
+then ``runtime.restore(scope)`` alone on another new runtime (the session's pages now in the
+OS cache: the restore's own work); each session resumed once.
 Peers: their latest-checkpoint read on a freshly opened store, which is what their resume
 reads. Figures are medians over the copies.
 """
@@ -874,7 +877,9 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, wall: float) ->
         f"{RESUME_SHORT} and {RESUME_LONG} passes, a checkpoint each pass; {RESUME_LONG} passes, "
         f"one every {RESUME_LONG // 10}) are then written",
         "into the loaded store by the measuring process (untimed; SQLite: into a copy of the",
-        "file, so a cached file stays as loaded). file MB: SQLite file + WAL; PostgreSQL:",
+        "file, so a cached file stays as loaded; the copy, just written, is in the OS page",
+        "cache, while a PostgreSQL schema is read as the load left its buffers and the OS",
+        "cache). file MB: SQLite file + WAL; PostgreSQL:",
         "pg_total_relation_size of the schema's tables, after the load. list: ours",
         "agent.list_checkpoints (metadata only); peers their list of 50. get: ours",
         "runtime.get_checkpoint(scope) in a fresh process; peers their latest-checkpoint read.",
