@@ -51,7 +51,11 @@ class GroupCommit:
         key, self._last = self._last, (events[0].user_id, events[0].session_id)
         idle = not self._pending and (self._drainer is None or self._drainer.done())
         if self._now is not None and key == self._last and idle:
-            outcomes = self._now([events])
+            try:
+                outcomes = self._now([events])
+            except BaseException:
+                self._forget(events)  # the outcome may be unknown: read them again
+                raise
             if outcomes is not None:
                 [outcome] = outcomes
                 if outcome is not None:

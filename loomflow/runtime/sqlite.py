@@ -49,11 +49,11 @@ class SqliteStore(DatabaseStore):
     when another connection holds the write lock (another process sharing the file, a
     prune), the round is committed on the store's thread instead, which waits its turn
     (``busy_timeout``); and it never checkpoints the WAL, the store's thread does, every
-    ``CHECKPOINT_EVERY`` commits. Appends that arrive while a round commits are committed
-    together in the next (each in its own savepoint, so a refused append fails alone):
-    many concurrent sessions cost one commit per round instead of one each. Several
-    stores (in one process or several) may share a file: WAL lets readers run beside
-    the one writer.
+    ``CHECKPOINT_EVERY`` events. A lone writer's append is committed in its own step;
+    the appends of sessions that take turns are committed together in rounds (each in
+    its own savepoint, so a refused append fails alone): many concurrent sessions cost
+    one commit per round instead of one each (see GroupCommit). Several stores (in one
+    process or several) may share a file: WAL lets readers run beside the one writer.
 
     ``create=False`` opens only a file that already is a loomflow store (for tools that
     inspect one): a missing file or another application's database raises StoreError
