@@ -11,7 +11,8 @@ import functools
 import logging
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -633,6 +634,11 @@ def apply(
                 conn.execute(f"DELETE FROM {table} WHERE user_id = ? AND session_id = ?", scope)
 
 
+#: how many sessions' rows a store's connection keeps from its commits (a worker with
+#: many sessions in flight; beyond that they are read back from the file)
+KNOWN_ROWS = 4096
+
+
 class KnownRows:
     """The session rows this connection committed last, valid while no other connection
     wrote: ``PRAGMA data_version`` changes when another connection (of this process or
@@ -653,6 +659,14 @@ class KnownRows:
     def forget(self) -> None:
         self.rows.clear()
         self._version = None
+
+    def remember(self, changed: Mapping[tuple[str | None, str], SessionRow]) -> None:
+        """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them."""
+        for key, row in changed.items():
+            self.rows.pop(key, None)  # to the end: the least recently written go first
+            self.rows[key] = row
+        while len(self.rows) > KNOWN_ROWS:
+            del self.rows[next(iter(self.rows))]
 
     def current(
         self, conn: sqlite3.Connection, user_id: str | None, session_id: str
@@ -687,13 +701,14 @@ def commit_round(
                 conn.execute("ROLLBACK")
                 return [exc]
             conn.execute("COMMIT")
-            rows.update(changed)
+            if known is not None:
+                known.remember(changed)
             return [None]
         updates: dict[tuple[str | None, str], SessionRow] = {}
         for events in batches:
             conn.execute("SAVEPOINT batch")
             try:
-                changed = apply_events(conn, events, {**rows, **updates})
+                changed = apply_events(conn, events, ChainMap(updates, rows))
             except LoomflowError as exc:  # refused by the fold: only this batch fails
                 conn.execute("ROLLBACK TO batch")
                 outcomes.append(exc)
@@ -702,7 +717,8 @@ def commit_round(
                 outcomes.append(None)
             conn.execute("RELEASE batch")
         conn.execute("COMMIT")
-        rows.update(updates)
+        if known is not None:
+            known.remember(updates)
     except BaseException:
         if known is not None:
             known.forget()
@@ -715,7 +731,7 @@ def commit_round(
 def apply_events(
     conn: sqlite3.Connection,
     events: Sequence[Event],
-    known: dict[tuple[str | None, str], SessionRow] | None = None,
+    known: Mapping[tuple[str | None, str], SessionRow] | None = None,
 ) -> dict[tuple[str | None, str], SessionRow]:
     """Fold events into the read model and append them to the log, in the caller's
     transaction; a refused event raises and the caller rolls the batch back. Return the

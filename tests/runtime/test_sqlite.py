@@ -278,3 +278,25 @@ async def test_the_wal_is_checkpointed_while_appends_go_on(tmp_path: Path) -> No
     await store.close()
     # a WAL file never shrinks: unchecked, the second 2,000 events double it
     assert sizes[1] < 1.5 * sizes[0], sizes
+
+
+def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a worker writing many sessions keeps the rows of the latest ones, not of every one
+    from loomflow.projections import sqlite as sql
+    from loomflow.projections.fold import SessionRow
+    from loomflow.schemas import utcnow
+
+    monkeypatch.setattr(sql, "KNOWN_ROWS", 3)
+    now = utcnow()
+
+    def rows(*names: str) -> dict[tuple[str | None, str], SessionRow]:
+        return {(None, n): SessionRow(None, n, created_at=now, updated_at=now) for n in names}
+
+    known = sql.KnownRows()
+    known.remember(rows("a", "b", "c", "d"))
+    assert [k[1] for k in known.rows] == ["b", "c", "d"]
+    known.remember(rows("b"))  # written again: the latest
+    known.remember(rows("e"))
+    assert [k[1] for k in known.rows] == ["d", "b", "e"]
