@@ -111,10 +111,19 @@ def decode_event(data: bytes | str | dict[str, Any]) -> Event:
         event = event_adapter().validate_python(data)
     except ValidationError as exc:
         raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
+    if max(event.seq, event.epoch) > _INT64_SIGNED:  # what SQLite and PostgreSQL store
+        raise InvalidEventError(
+            f"invalid event: seq {event.seq} or epoch {event.epoch} is past a 64-bit int"
+        )
     _in_utc(event.at, "at")
     if event.type == "run.waiting":
         _in_utc(event.payload.until, "payload.until")
     return event
+
+
+#: the largest integer of a SQLite or PostgreSQL column (the audit trail stores an
+#: event's seq: a larger one raised OverflowError there)
+_INT64_SIGNED = 2**63 - 1
 
 
 #: the first and last times a store keeps as times: PostgreSQL (asyncpg) writes these

@@ -558,6 +558,7 @@ def test_no_record_on_the_topic_stops_a_consumer_or_reaches_the_read_model(
     ("kind", "path", "value"),
     [
         ("run.started", ("epoch",), 2**70),
+        ("turn.appended", ("seq",), 2**63),  # the audit trail's OverflowError
         ("turn.appended", ("payload", "usage", "input_tokens"), 2**70),
         ("turn.appended", ("at",), "2026-01-01T00:00:00"),
         ("turn.appended", ("at",), "0001-01-01T00:00:00+01:00"),
@@ -571,7 +572,8 @@ def test_a_value_no_reader_can_use_is_refused_by_every_reader(
 ) -> None:
     """The fuzzing's examples: the projector dead-lettered them; the analytics count took
     them and crashed (an int past 64 bits in its ledger's JSON, a naive time compared
-    with an aware one, a time with no UTC year)."""
+    with an aware one, a time with no UTC year), and the audit (a seq past what its
+    trail's table holds)."""
     events = _session_events("s", 0, SessionPlan(False, {}, [Pass("q", "a", "k", None)]))
     key = _key(events[0])
     ledgers: dict[bytes, bytes] = {}
