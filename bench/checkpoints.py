@@ -128,6 +128,7 @@ from bench.workload import (
     Adapter,
     Measure,
     PassContent,
+    SearchDocs,
     child_main,
     measure,
     pass_content,
@@ -644,7 +645,7 @@ def _answer(k: int) -> str:
     return f"Pass {k}: the documents answer it; sources cited above."
 
 
-class Research:
+class Research(SearchDocs):
     """A research agent on the workload's text: one ``search_docs`` call per pass.
 
     The model is a ``ScriptedModel`` (no latency) whose replies alternate: the pass's
@@ -658,7 +659,7 @@ class Research:
         self.passes = passes
         # one pass more than the run makes: the resume's
         self.contents = [pass_content(session, k) for k in range(1, passes + 2)]
-        self._results = {c.tool_args["query"]: c.tool_result for c in self.contents}
+        self.results(self.contents)
         self._replies = replies_before
         self.model = ScriptedModel(self._reply)
 
@@ -672,16 +673,6 @@ class Research:
             return _answer(index // 2 + 1)
         call = ToolCall(id=content.call_id, name=content.tool_name, arguments=content.tool_args)
         return Message.assistant(content.assistant, [call])
-
-    def search_docs(self, query: str, limit: int = 5, filters: dict[str, Any] | None = None) -> str:
-        """Search the documentation.
-
-        Args:
-            query: what to look for
-            limit: how many hits to return
-            filters: field values the hits must have
-        """
-        return self._results[query]
 
     def more(self, state: Any) -> str | None:
         """Another pass, with the next user message, until ``passes`` are done."""

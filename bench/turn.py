@@ -102,7 +102,7 @@ from bench.checkpoints import (  # noqa: E402
     run_measurement,
     schedule,
 )
-from bench.workload import SYSTEM_PROMPT, pass_content, percentile  # noqa: E402
+from bench.workload import SYSTEM_PROMPT, SearchDocs, pass_content, percentile  # noqa: E402
 
 MODEL = "claude-opus-4-7"
 VARIANTS = ("http", "scripted")
@@ -260,7 +260,7 @@ def _server_stats(url: str, token: str) -> dict[str, Any]:
 # -- the measured sessions (child side) -------------------------------------------------------
 
 
-class Session:
+class Session(SearchDocs):
     """One session driven by one implementation: its agent, run, resumes and checks."""
 
     def __init__(self, index: int, turns: int) -> None:
@@ -270,17 +270,7 @@ class Session:
         self.session_id = f"bench-turn-{index}-{secrets.token_hex(4)}"
         #: the implementation's Agent, built by the subclass
         self.agent: Any = None
-        self._results = {c.tool_args["query"]: c.tool_result for c in self.contents}
-
-    def search_docs(self, query: str, limit: int = 5, filters: dict[str, Any] | None = None) -> str:
-        """Search the documentation.
-
-        Args:
-            query: what to look for
-            limit: how many hits to return
-            filters: field values the hits must have
-        """
-        return self._results[query]
+        self.results(self.contents)
 
     def answer(self, k: int) -> str:
         """The model's ~600-character answer of turn ``k``: the workload's assistant text."""

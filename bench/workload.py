@@ -91,6 +91,26 @@ def pass_content(
     )
 
 
+class SearchDocs:
+    """The workload's one tool: ``search_docs`` answers each pass's query with its result."""
+
+    _results: dict[str, str]
+
+    def results(self, contents: Sequence[PassContent]) -> None:
+        """Answer the queries of these passes."""
+        self._results = {c.tool_args["query"]: c.tool_result for c in contents}
+
+    def search_docs(self, query: str, limit: int = 5, filters: dict[str, Any] | None = None) -> str:
+        """Search the documentation.
+
+        Args:
+            query: what to look for
+            limit: how many hits to return
+            filters: field values the hits must have
+        """
+        return self._results[query]
+
+
 class Adapter(ABC):
     """One store under test. A handle is the adapter's own per-session state."""
 
