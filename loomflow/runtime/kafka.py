@@ -251,6 +251,8 @@ class _Listener:
 class KafkaStore(EventStore):
     """Appends to the events topic; serves reads from the read model in PostgreSQL."""
 
+    sends_ahead = True
+
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings = Settings.resolve(settings)
         self.bootstrap = settings.kafka_bootstrap
