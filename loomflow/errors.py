@@ -13,6 +13,8 @@ __all__ = [
     "ModelError",
     "OutputValidationError",
     "ProjectionTimeoutError",
+    "RunBudgetExceededError",
+    "RunOptionsError",
     "RunTakenError",
     "SequenceConflictError",
     "SerializationError",
@@ -107,6 +109,25 @@ class SignalRefusedError(LoomflowError):
 class RunTakenError(LoomflowError):
     """Another process claimed the session first (a worker, a resume, a signal): the
     run this call meant to take over is someone else's now. Nothing was written."""
+
+
+class RunOptionsError(LoomflowError, LookupError):
+    """A run's recorded option (an extra tool, an output schema) that the process
+    continuing it cannot provide as recorded: not hosted, or changed since the run
+    started. The run is not continued (nothing is written); resume it where the option
+    is hosted, or with explicit keywords that replace the recorded ones.
+
+    ``missing`` names each option that could not be provided, e.g. ``extra tool 'tenant'``.
+    """
+
+    def __init__(self, message: str, *, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class RunBudgetExceededError(LoomflowError):
+    """A worker's take-over of a run would pass the run's budget (take-overs, model calls,
+    tokens or cost): the run is parked as stuck for a person instead."""
 
 
 class SignalTimeoutError(LoomflowError, TimeoutError):

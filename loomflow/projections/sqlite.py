@@ -41,6 +41,7 @@ from loomflow.projections.rows import (
     SESSION_FIELDS,
     checkpoint_from_row,
     control_json,
+    control_parts,
     decoded_events,
     event_from_row,
     session_from_row,
@@ -413,7 +414,7 @@ def save_session(
     if row.updated_at != before.updated_at:
         names.append("updated_at")
         values.append(ts(row.updated_at))
-    if _control(row) != _control(before):
+    if control_parts(row) != control_parts(before):
         names.append("control")
         values.append(control_json(row))
     if names:
@@ -432,11 +433,6 @@ _PLAIN_COLUMNS = (
     "parent_checkpoint_id",
     "last_run_id",
 )
-
-
-def _control(row: SessionRow) -> tuple[Any, ...]:
-    """What the ``control`` column is made of (see rows.control_json)."""
-    return (row.agent, row.lease_seconds, row.waiting, row.inbox, row.attempts, row.last_error)
 
 
 @functools.cache
