@@ -101,7 +101,8 @@ class SessionBusyError(LoomflowError):
 
 class SignalRefusedError(LoomflowError):
     """The session has no run in flight to receive a signal (it finished, failed or was
-    parked): a signal kept there would answer some later run's wait that never asked."""
+    parked): a signal kept there would answer some later run's wait that never asked.
+    Also raised when the run's wait for that signal timed out: it answers nothing."""
 
 
 class RunTakenError(LoomflowError):

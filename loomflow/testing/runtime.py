@@ -36,6 +36,7 @@ from loomflow.errors import (
     SerializationError,
     SessionErasedError,
     SessionNotFoundError,
+    SignalRefusedError,
     SignalTimeoutError,
     StaleWriterError,
     StoreUnavailableError,
@@ -1009,6 +1010,23 @@ class RuntimeConformance(RunKeywords, Suite):
             with pytest.raises(SessionNotFoundError):
                 await runtime.signal(scope, "approve", {"ok": True})
         assert await runtime.store.session(Scope("pay", "ada")) == before
+
+    async def test_a_signal_after_its_wait_timed_out_is_refused_and_the_run_times_out(
+        self, new_runtime: Opened[Runtime], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from loomflow.agent.worker import Worker
+
+        seen: list[object] = []
+        await _waited_an_hour_ago(_patient(new_runtime(), seen), monkeypatch)
+        runtime = new_runtime()
+        before = await runtime.store.session(Scope("pay"))
+        with pytest.raises(SignalRefusedError, match=r"timed out at .*SignalTimeoutError"):
+            await runtime.signal(Scope("pay"), "approve", {"ok": True})
+        assert await runtime.store.session(Scope("pay")) == before  # nothing was appended
+        worker = Worker([_patient(new_runtime(), seen)])
+        await asyncio.gather(*await worker.scan())
+        assert [(o.reason, o.outcome) for o in worker.done] == [("timed out", "finished")]
+        assert seen == ["timed out"]
 
     async def test_a_signal_the_log_records_past_the_deadline_waits_for_a_later_wait(
         self, new_runtime: Opened[Runtime], monkeypatch: pytest.MonkeyPatch
