@@ -24,6 +24,7 @@ __all__ = [
     "StaleWriterError",
     "StoreClosedError",
     "StoreError",
+    "StoreFileReplacedError",
     "StoreUnavailableError",
     "UnsafeDeserializationError",
 ]
@@ -136,6 +137,13 @@ class ProjectionTimeoutError(StoreError):
     """
 
     retriable = True
+
+
+class StoreFileReplacedError(StoreError):
+    """The SQLite file a store opened was removed or replaced under it (by a person, a
+    cleanup job, a restore): what the store would write goes to a file nobody will read
+    again, so it writes nothing more. Not retriable: every later write fails the same
+    way; restore the file, or open a new store on what is at the path now."""
 
 
 class CorruptRecordError(StoreError):
