@@ -26,6 +26,7 @@ __all__ = [
     "StaleWriterError",
     "StoreClosedError",
     "StoreError",
+    "StoreFileReplacedError",
     "StoreUnavailableError",
     "UnsafeDeserializationError",
 ]
@@ -103,7 +104,8 @@ class SessionBusyError(LoomflowError):
 
 class SignalRefusedError(LoomflowError):
     """The session has no run in flight to receive a signal (it finished, failed or was
-    parked): a signal kept there would answer some later run's wait that never asked."""
+    parked): a signal kept there would answer some later run's wait that never asked.
+    Also raised when the run's wait for that signal timed out: it answers nothing."""
 
 
 class RunTakenError(LoomflowError):
@@ -156,6 +158,13 @@ class ProjectionTimeoutError(StoreError):
     """
 
     retriable = True
+
+
+class StoreFileReplacedError(StoreError):
+    """The SQLite file a store opened was removed or replaced under it (by a person, a
+    cleanup job, a restore): what the store would write goes to a file nobody will read
+    again, so it writes nothing more. Not retriable: every later write fails the same
+    way; restore the file, or open a new store on what is at the path now."""
 
 
 class CorruptRecordError(StoreError):

@@ -284,7 +284,13 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
         case SignalSent(payload=p):
             changes["inbox"] = (*session.inbox, PendingSignal(event.seq, p.name, p.data, event.at))
             waiting = session.waiting
-            if session.status == "waiting" and waiting is not None and waiting.signal == p.name:
+            if (
+                session.status == "waiting"
+                and waiting is not None
+                and waiting.signal == p.name
+                # one recorded past the deadline does not answer the wait, which times out
+                and (waiting.until is None or event.at < waiting.until)
+            ):
                 changes["status"] = "signalled"
         case TurnAppended(payload=p):
             changes.update(

@@ -242,8 +242,9 @@ class Runtime(Resource):
         Raises SessionNotFoundError for an unknown or erased session (of this user),
         SessionBusyError while a live run holds the session (retriable: send it again
         once the run waits), SignalRefusedError when no run is in flight (the session
-        finished, failed or is stuck), SerializationError for data that is not JSON
-        (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
+        finished, failed or is stuck) or when the run's wait for ``name`` already timed
+        out (its resumed wait raises SignalTimeoutError), SerializationError for data
+        that is not JSON (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200 or not _text(name):
             raise ValueError(
@@ -267,6 +268,19 @@ class Runtime(Resource):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "
                     f"(it is {row.status}); signals go to a run that waits, or that will"
+                )
+            waiting = row.waiting
+            if (
+                row.status == "waiting"
+                and waiting is not None
+                and waiting.signal == name
+                and waiting.until is not None
+                and utcnow() >= waiting.until
+            ):
+                raise SignalRefusedError(
+                    f"the wait of run {row.last_run_id} of {scope.describe()} for signal "
+                    f"{name!r} timed out at {waiting.until.isoformat()}; the run will see "
+                    "SignalTimeoutError when resumed, so the signal would answer nothing"
                 )
             if row.status == "running" and not abandoned(row, self.lease_seconds):
                 raise SessionBusyError(
