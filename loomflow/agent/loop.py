@@ -448,10 +448,10 @@ class Agent:
         next step with nothing recorded (left for another worker) and this raises
         asyncio.CancelledError.
         """
-        given = self._given({"emit": emit}, user_id, session_id)
+        kwargs = {"emit": emit}
+        given = self._given(kwargs, user_id, session_id)
         scope = Scope.of(session_id, user_id)
         latest = await self.runtime.store.checkpoint(scope, None)
-        kwargs = {"emit": emit}
         return await self._drive(
             scope,
             lambda row: self._continued(row, kwargs, given, scope),
@@ -515,15 +515,13 @@ class Agent:
         context = kwargs.get("context")
         if isinstance(context, RunContext) and context.metadata:
             explicit.add("metadata")
+        options = given
+        if "metadata" not in explicit and row is not None and row.run_metadata:
+            metadata = row.run_metadata
+            context = options.context.merged(user_id=None, session_id=None, metadata=metadata)
+            options = replace(options, context=context)
         if recorded is None:  # a new session, or a run recorded before options were kept
-            if "metadata" in explicit or row is None or not row.run_metadata:
-                return given
-            return replace(
-                given,
-                context=given.context.merged(
-                    user_id=None, session_id=None, metadata=row.run_metadata
-                ),
-            )
+            return options
         extra, schema = self.hosted.resolve(
             () if "extra_tools" in explicit else recorded.extra_tools,
             None if "output_schema" in explicit else recorded.output_schema,
@@ -531,14 +529,6 @@ class Agent:
             default_schema=self.output_schema,
             where=scope.describe(),
         )
-        options = given
-        if "metadata" not in explicit:
-            options = replace(
-                options,
-                context=options.context.merged(
-                    user_id=None, session_id=None, metadata=row.run_metadata if row else None
-                ),
-            )
         if "extra_tools" not in explicit:
             options = replace(
                 options, tools=_tools(self.tools, extra, "extra_tools: "), extra=tuple(extra)
