@@ -2,48 +2,80 @@
 restart is ridden out; an outage longer than the runtime's ``retry_seconds`` fails the
 run clearly, and the run resumes once the server is back, having lost nothing.
 
-These tests stop and start the machine's PostgreSQL and broker with the dev/ scripts:
-they run in CI, where tests run one at a time.
+The servers are the module's own (tests/support/own_servers.py): a PostgreSQL cluster and
+a Kafka broker on ports nobody else uses, started before the first test and stopped after
+the last. Each stop is checked to have taken the server away (its port refuses
+connections) before anything is asserted about the outage.
 """
 
 from __future__ import annotations
 
 import asyncio
-import subprocess
+import contextlib
+import secrets
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 
+import asyncpg
 import pytest
 
 from loomflow.errors import StoreError
-from loomflow.runtime import Runtime, Scope
+from loomflow.runtime import PostgresRuntime, Runtime, Scope
 from loomflow.schemas import EventBase
-from tests.faults.conftest import Place
-from tests.support.kafka_env import ROOT, KafkaEnv
+from tests.support.kafka_env import KafkaEnv
+from tests.support.own_servers import OwnServer, outage_kafka, outage_postgres
 from tests.support.readmodel import fold_of, in_postgres, log_events
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
 
 
-def _service(name: str, command: str) -> None:
-    done = subprocess.run(
-        [str(ROOT / "dev" / f"{name}.sh"), command], capture_output=True, text=True, timeout=180
-    )
-    assert done.returncode == 0, done.stderr
+@dataclass
+class Servers:
+    postgres: OwnServer
+    kafka: OwnServer
+
+    def __getitem__(self, name: str) -> OwnServer:
+        return {"postgres": self.postgres, "kafka": self.kafka}[name]
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    """The module's PostgreSQL and broker, stopped after it (if a test left them up)."""
+    postgres, kafka = outage_postgres(), outage_kafka()
+    try:
+        postgres.start()
+        kafka.start()
+        yield Servers(postgres, kafka)
+    finally:
+        for server in (kafka, postgres):
+            if server.started:
+                server.stop()
 
 
 @pytest.fixture
-async def env() -> AsyncIterator[KafkaEnv]:
-    made = await KafkaEnv.create(partitions=2)
+async def env(servers: Servers) -> AsyncIterator[KafkaEnv]:
+    made = await KafkaEnv.create(
+        partitions=2,
+        kafka_bootstrap=servers.kafka.address,
+        postgres_dsn=servers.postgres.address,
+    )
     yield made
     await made.close()
+
+
+async def restart(server: OwnServer) -> float:
+    """Stop ``server`` (failing unless it went away) and start it again; when it was back
+    (``time.monotonic()``)."""
+    await asyncio.to_thread(server.stop)
+    await asyncio.to_thread(server.start)
+    return time.monotonic()
 
 
 @pytest.mark.kafka
 @pytest.mark.parametrize("service", ["postgres", "kafka"])
 async def test_a_restart_under_a_running_agent_and_processor_loses_nothing(
-    env: KafkaEnv, service: str
+    env: KafkaEnv, servers: Servers, service: str
 ) -> None:
     """The runtime and `loomflow processor` ride out a restart of PostgreSQL or the broker:
     the run in flight finishes, connections (the LISTEN one too) come back, and the read
@@ -56,7 +88,7 @@ async def test_a_restart_under_a_running_agent_and_processor_loses_nothing(
         agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=200)
         run = asyncio.create_task(agent.run("Research.", session_id="s1"))
         await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
-        await asyncio.to_thread(_service, service, "restart")
+        await restart(servers[service])
         assert not run.done(), "the run ended before the restart: nothing was tested"
         result = await asyncio.wait_for(run, 180)
         assert result.turns == 300 and result.stop_reason == "completed"
@@ -78,18 +110,39 @@ async def test_a_restart_under_a_running_agent_and_processor_loses_nothing(
     assert await in_postgres(env.dsn, env.schema) == expected
 
 
+@pytest.fixture
+async def postgres_runtime(servers: Servers) -> AsyncIterator[Callable[[], PostgresRuntime]]:
+    """PostgresRuntimes on a schema of the module's PostgreSQL, dropped after the test."""
+    async with _postgres_runtimes(servers) as made:
+        yield made
+
+
+@contextlib.asynccontextmanager
+async def _postgres_runtimes(servers: Servers) -> AsyncIterator[Callable[[], PostgresRuntime]]:
+    schema = f"lf_test_{secrets.token_hex(6)}"
+    try:
+        yield lambda: PostgresRuntime(servers.postgres.address, schema=schema)
+    finally:
+        conn = await asyncpg.connect(servers.postgres.address)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+
 @pytest.mark.postgres
-@pytest.mark.parametrize("place", ["postgres"], indirect=True)
-async def test_postgres_runtime_rides_out_a_database_restart(place: Place, tmp_path: Path) -> None:
+async def test_postgres_runtime_rides_out_a_database_restart(
+    servers: Servers, postgres_runtime: Callable[[], PostgresRuntime]
+) -> None:
     """PostgresRuntime: a database restart mid-run is retried; the run completes with
     every turn recorded once."""
-    runtime = place.runtime(tmp_path)
+    runtime = postgres_runtime()
     try:
         research = Research(passes=100)
         agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=200)
         run = asyncio.create_task(agent.run("Research.", session_id="s1"))
         await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
-        await asyncio.to_thread(_service, "postgres", "restart")
+        await restart(servers.postgres)
         assert not run.done(), "the run ended before the restart: nothing was tested"
         result = await asyncio.wait_for(run, 180)
         assert result.turns == 300 and result.stop_reason == "completed"
@@ -101,21 +154,41 @@ async def test_postgres_runtime_rides_out_a_database_restart(place: Place, tmp_p
         await runtime.close()
 
 
+@pytest.fixture
+async def runtimes(
+    request: pytest.FixtureRequest, servers: Servers
+) -> AsyncIterator[Callable[[], Runtime]]:
+    """Runtimes on the module's server named by the test's ``service``: PostgresRuntime,
+    or KafkaRuntime with a projector running in this process."""
+    if request.node.callspec.params["service"] == "postgres":
+        async with _postgres_runtimes(servers) as made:
+            yield made
+        return
+    env = await KafkaEnv.create(
+        kafka_bootstrap=servers.kafka.address, postgres_dsn=servers.postgres.address
+    )
+    try:
+        await env.start_projector()
+        yield env.runtime
+    finally:
+        await env.close()
+
+
 @pytest.mark.parametrize(
-    ("place", "service"),
+    "service",
     [
-        pytest.param("postgres", "postgres", marks=pytest.mark.postgres),
-        pytest.param("kafka", "kafka", marks=pytest.mark.kafka),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("kafka", marks=pytest.mark.kafka),
     ],
-    indirect=["place"],
 )
 async def test_an_outage_longer_than_retry_seconds_fails_the_run_clearly_and_loses_nothing(
-    place: Place, service: str, tmp_path: Path
+    servers: Servers, runtimes: Callable[[], Runtime], service: str
 ) -> None:
     """The server stays down past the runtime's retry_seconds: the run fails with the
     store's error instead of hanging; every event the run was told was acknowledged is
     there once the server is back, and resume finishes it."""
-    runtime: Runtime = place.runtime(tmp_path)
+    server = servers[service]
+    runtime = runtimes()
     runtime.retry_seconds = 2.0
     acknowledged: list[tuple[int, str]] = []
 
@@ -125,12 +198,10 @@ async def test_an_outage_longer_than_retry_seconds_fails_the_run_clearly_and_los
 
     research = Research(passes=100)
     agent = research.agent(runtime, latency=0.03, max_stop_hook_iterations=200)
-    stopped = False
     try:
         run = asyncio.create_task(agent.run("Research.", session_id="s1", emit=note))
         await eventually(lambda: research.model_calls >= 10, what="the run to be under way")
-        await asyncio.to_thread(_service, service, "stop")
-        stopped = True
+        await asyncio.to_thread(server.stop)  # fails unless the server went away
         started = time.monotonic()
         with pytest.raises(StoreError) as failed:
             await asyncio.wait_for(run, 120)
@@ -140,12 +211,12 @@ async def test_an_outage_longer_than_retry_seconds_fails_the_run_clearly_and_los
         # MIN_ATTEMPT_SECONDS: seconds, not the client's own minutes-long timeouts
         assert took < 30, f"the run hung for {took:.0f} s past a 2 s retry_seconds"
     finally:
-        if stopped:
-            await asyncio.to_thread(_service, service, "start")
+        if not server.started:
+            await asyncio.to_thread(server.start)
         await runtime.close()
 
     assert failed.value.retriable, failed.value
-    again = place.runtime(tmp_path)
+    again = runtimes()
     try:
         result = (
             await Research(passes=100)
