@@ -282,7 +282,11 @@ class KafkaStore(EventStore):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the topics if needed, start the producer and listen to the projector."""
+        """Create the topics if needed, start the producer and listen to the projector.
+
+        A start that fails releases what it had opened, the read model's pool too: a
+        caller often drops a store that could not start without closing it, and the
+        next start connects again."""
         if self._started:
             return
         async with self._start_lock:
@@ -295,6 +299,7 @@ class KafkaStore(EventStore):
                 await self._listener.start()
             except BaseException:
                 await self._release()
+                await self._reads.disconnect()
                 raise
             self._started = True
 

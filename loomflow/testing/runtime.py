@@ -1066,6 +1066,13 @@ class RuntimeConformance(RunKeywords, Suite):
         assert len(lost) == 1, outcomes
         after = await new_runtime().store.session(Scope("s1"))
         assert after is not None and after.epoch == row.epoch + 1 and after.attempts == 1
+        # a claim after the same seq that comes once the session has moved past it loses
+        # too, though the seq after the winner's claim is free for it to write at
+        with pytest.raises(RunTakenError):
+            await new_runtime().open_session(
+                Scope("s1"), run_id=new_id("run"), claim_after=row.last_seq, worker="w-late"
+            )
+        assert await new_runtime().store.session(Scope("s1")) == after  # it wrote nothing
 
 
 def _approval(runtime: Runtime, seen: list[object]) -> Agent:
