@@ -139,7 +139,9 @@ class SqliteStore(DatabaseStore):
     def _commit_now(self, batches: list[list[Event]]) -> Outcomes | None:
         """Commit the round on the event loop's connection; None when that cannot be done
         now (not opened yet, in use by another thread, the file busy: rolled back)."""
-        if self._direct is None or not self._direct_lock.acquire(blocking=False):
+        if self._direct is None or self._checkpoint_lags():
+            return None
+        if not self._direct_lock.acquire(blocking=False):
             return None
         try:
             if self._direct is None:
@@ -155,6 +157,13 @@ class SqliteStore(DatabaseStore):
             self._direct_lock.release()
         self._after_commit(sum(len(events) for events in batches))
         return outcomes
+
+    def _checkpoint_lags(self) -> bool:
+        """Whether a WAL checkpoint was asked for half an interval ago and has not run:
+        the store's thread is late (a loaded machine), and the WAL would grow by what the
+        event loop's connection commits meanwhile. Rounds then commit on that thread,
+        behind the checkpoint, so the WAL stays bounded (about 1.5 intervals)."""
+        return self._checkpointing is not None and self._since_checkpoint >= CHECKPOINT_EVERY // 2
 
     def _after_commit(self, events: int) -> None:
         self._since_checkpoint += events

@@ -372,13 +372,16 @@ async def test_the_wal_is_checkpointed_while_appends_go_on(tmp_path: Path) -> No
     scope = Scope("s1")
     text = "x" * 3000  # a log row of 3 KB, besides the pages of indexes and rows
     sizes = []
-    for phase in range(2):
+    for phase in range(3):
         for seq in range(phase * 2000 + 1, (phase + 1) * 2000 + 1):
             await store.append([_turn(scope, seq, text=text)])
         sizes.append(await asyncio.to_thread(os.path.getsize, f"{db}-wal"))
     await store.close()
-    # a WAL file never shrinks: unchecked, the second 2,000 events double it
-    assert sizes[1] < 1.5 * sizes[0], sizes
+    # A WAL file never shrinks, so its size is the longest stretch between two
+    # checkpoints: unchecked, it grows with every event (6,000 events: three times the
+    # size at 2,000). Checked, it stays near the size at 2,000, however late the store's
+    # thread gets to a checkpoint on a loaded machine (up to 1.6 times that, seen here).
+    assert sizes[2] < 2 * sizes[0], sizes
 
 
 def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
