@@ -302,6 +302,7 @@ class RunKeywords:
         seen = _Seen()
         replies: list[str | Message] = [
             ScriptedModel.tool_call("lookup", city="Oslo"),
+            ScriptedModel.tool_call("lookup", city="Bergen"),
             "Oslo, roughly 709k",
             OSLO,
         ]
@@ -316,18 +317,28 @@ class RunKeywords:
             return Agent("x", model=model, runtime=runtime, tuning=Tuning(checkpoint=True))
 
         with pytest.raises(SimulatedCrash):  # dies asking for the retried answer
-            await agent(new_runtime(), 3).run("Which city?", session_id="s1", **keywords)
-        assert seen.lookups == 1
+            await agent(new_runtime(), 4).run("Which city?", session_id="s1", **keywords)
+        assert seen.lookups == 2
         resumed_agent = agent(new_runtime(), None)
         result = await resumed_agent.resume(session_id="s1", **keywords)
-        assert seen.lookups == 1  # the recorded tool call was not run again
+        assert seen.lookups == 2  # the recorded tool calls were not run again
         assert result.parsed == City(name="Oslo", population=709000)
-        assert result.restored_turns == 2 and result.model_calls == 1
-        assert [c.user_id for _, c in seen.contexts] == ["u1"]
+        assert result.restored_turns == 3 and result.model_calls == 1
         model = resumed_agent.model
         assert isinstance(model, CrashingModel)
         assert model.inner.options[-1] is not None
         assert model.inner.options[-1].output_schema == City.model_json_schema()
+        # killed again before its second lookup, the run is resumed with the same keywords:
+        # that lookup runs in the resumed run, with the context given to resume()
+        with pytest.raises(SimulatedCrash):
+            await agent(new_runtime(), 2).run("Which city?", session_id="s2", **keywords)
+        result = await agent(new_runtime(), None).resume(session_id="s2", **keywords)
+        assert result.parsed == City(name="Oslo", population=709000) and seen.lookups == 4
+        assert [(c.user_id, dict(c.metadata)) for _, c in seen.contexts[-2:]] == [
+            ("u1", {"tenant": "acme"}),
+            ("u1", {"tenant": "acme"}),
+        ]
+        assert seen.contexts[-1][1].session_id == "s2"
 
     # --- what a resume restores -----------------------------------------------------------
 
