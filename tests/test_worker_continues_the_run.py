@@ -11,11 +11,13 @@ is ``loomflow worker geo:agents`` with no LOOMFLOW_* naming (on Kafka, a default
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
 import time
 from asyncio.subprocess import PIPE
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,21 @@ async def _crash(cwd: Path, env: dict[str, str], kafka: bool) -> None:
     assert status == "running", status  # died mid-run: nobody resumed it yet
 
 
+@contextlib.asynccontextmanager
+async def _worker(cwd: Path, env: dict[str, str]) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``loomflow worker geo:agents`` in ``cwd``, as the README starts it; killed after,
+    should it still run."""
+    worker = await asyncio.create_subprocess_exec(
+        str(BIN / "loomflow"), "worker", "geo:agents", cwd=cwd, env=env, stderr=PIPE
+    )
+    try:
+        yield worker
+    finally:
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+
+
 async def _terminated(worker: asyncio.subprocess.Process) -> None:
     """One SIGTERM stops the worker within seconds, cleanly."""
     worker.send_signal(signal.SIGTERM)
@@ -166,15 +183,7 @@ async def _crash_then_work(cwd: Path, kafka: bool, **worker_env: str) -> list[Ev
     takes it until the session is finished or stuck; one SIGTERM stops the worker."""
     env = _user_env(kafka)
     await _crash(cwd, env, kafka)
-    worker = await asyncio.create_subprocess_exec(
-        str(BIN / "loomflow"),
-        "worker",
-        "geo:agents",
-        cwd=cwd,
-        env=dict(env, **worker_env),
-        stderr=PIPE,
-    )
-    try:
+    async with _worker(cwd, dict(env, **worker_env)) as worker:
 
         async def ended() -> bool:
             status, _, _ = await _session(cwd, kafka)
@@ -182,10 +191,6 @@ async def _crash_then_work(cwd: Path, kafka: bool, **worker_env: str) -> list[Ev
 
         await eventually(ended, within=90, what="the worker to finish or park the run")
         await _terminated(worker)
-    finally:
-        if worker.returncode is None:
-            worker.kill()
-            await worker.wait()
     _, _, events = await _session(cwd, kafka)
     return events
 
@@ -278,16 +283,9 @@ async def test_one_sigterm_stops_a_worker_inside_a_long_tool_and_leaves_the_run(
     # the worker's take is inside a plain def tool that sleeps for a minute in a thread
     env = dict(_user_env(kafka), GEO_SLOW="1")
     await _crash(tmp_path, env, kafka)
-    worker = await asyncio.create_subprocess_exec(
-        str(BIN / "loomflow"), "worker", "geo:agents", cwd=tmp_path, env=env, stderr=PIPE
-    )
-    try:
+    async with _worker(tmp_path, env) as worker:
         await eventually((tmp_path / "slow.started").exists, within=60, what="the slow tool")
         await _terminated(worker)
-    finally:
-        if worker.returncode is None:
-            worker.kill()
-            await worker.wait()
     status, _, events = await _session(tmp_path, kafka)
     # nothing recorded after the take's tool call: the run is left for the next worker
     assert status == "running" and not [e for e in events if isinstance(e, RunFailed)]
