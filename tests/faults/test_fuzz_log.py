@@ -869,6 +869,9 @@ def test_no_row_in_a_sqlite_log_stops_a_reader_or_the_runtime(
         # BLOB: restore raised TypeError
         @example(log=_one(Forgery("forged scope", 0, ("session_id", "\ud800A"))))  # the
         # forger raised UnicodeEncodeError binding it (found by the soak)
+        @example(log=_one(Forgery("note", 0, ("[1, 2]", b"", "2026-01-01T00:00:00+00:00"))))
+        # a note's through_seq that is no int: the audit raised TypeError chaining it, and
+        # stopped (found by the soak)
         def check(log: tuple[list[SessionPlan], list[Forgery]]) -> None:
             where = tmp_path / str(next(folders))
             where.mkdir()
