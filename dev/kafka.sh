@@ -11,10 +11,14 @@
 #   server.properties  generated broker config
 #   data/              log.dirs (KRaft metadata + topic data)
 #   kafka.pid          broker pid      kafka.log   broker output
+# A second broker of the same checkout (the outage tests start one of their own) keeps all but
+# the jars in a folder of its own, LOOMFLOW_KAFKA_DIR: start, stop and status act only on the
+# broker run from that folder's config.
 #
 # Environment:
 #   LOOMFLOW_KAFKA_PORT             client port (default 9092)
 #   LOOMFLOW_KAFKA_CONTROLLER_PORT  controller port (default 9093)
+#   LOOMFLOW_KAFKA_DIR              the broker's config, data, pid and log (default .cache/kafka)
 #   LOOMFLOW_KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
 #   LOOMFLOW_KAFKA_PROBE            auto (default) | python | java: how readiness is checked
 #
@@ -30,7 +34,7 @@ START_TIMEOUT="${LOOMFLOW_KAFKA_START_TIMEOUT:-90}"
 PROBE="${LOOMFLOW_KAFKA_PROBE:-auto}"
 BOOTSTRAP="$HOST:$PORT"
 
-CACHE="$ROOT/.cache/kafka"
+CACHE="$(realpath -m "${LOOMFLOW_KAFKA_DIR:-$ROOT/.cache/kafka}")"  # absolute: pids are found by it
 DATA="$CACHE/data"
 CONF="$CACHE/server.properties"
 PIDFILE="$CACHE/kafka.pid"

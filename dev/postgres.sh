@@ -15,6 +15,10 @@
 #
 # Environment:
 #   LOOMFLOW_POSTGRES_PORT           port (default 5432)
+#   LOOMFLOW_POSTGRES_CLUSTER        the Debian cluster (default main); another name is a cluster
+#                                    of its own (the outage tests start and stop one), created
+#                                    on first start on LOOMFLOW_POSTGRES_PORT, and not started
+#                                    at boot
 #   LOOMFLOW_POSTGRES_START_TIMEOUT  seconds to wait for readiness (default 60)
 #
 # Progress goes to stderr; on a successful start/status stdout gets only
@@ -25,7 +29,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 HOST=127.0.0.1
 PORT="${LOOMFLOW_POSTGRES_PORT:-5432}"
 START_TIMEOUT="${LOOMFLOW_POSTGRES_START_TIMEOUT:-60}"
-CLUSTER_NAME=main
+CLUSTER_NAME="${LOOMFLOW_POSTGRES_CLUSTER:-main}"
+[[ "$CLUSTER_NAME" =~ ^[A-Za-z0-9_]+$ ]] \
+  || { echo "postgres: ERROR: LOOMFLOW_POSTGRES_CLUSTER must be letters, digits and _ (got '$CLUSTER_NAME')" >&2; exit 1; }
 DB_USER=loomflow
 DB_PASSWORD=loomflow
 DB_NAME=loomflow
@@ -89,8 +95,10 @@ pick_cluster() {
   if [[ -z "$VERSION" ]]; then
     VERSION="$(server_versions | head -n 1)"
     log "creating cluster $VERSION/$CLUSTER_NAME on port $PORT ..."
-    local out
-    out="$(as_root pg_createcluster --port="$PORT" "$VERSION" "$CLUSTER_NAME" </dev/null 2>&1)" \
+    local out start_conf=()
+    # a cluster other than main is a test's, started and stopped by it alone
+    [[ "$CLUSTER_NAME" == main ]] || start_conf=(--start-conf=manual)
+    out="$(as_root pg_createcluster "${start_conf[@]}" --port="$PORT" "$VERSION" "$CLUSTER_NAME" </dev/null 2>&1)" \
       || { echo "$out" >&2; die "pg_createcluster $VERSION $CLUSTER_NAME failed"; }
   fi
 }
@@ -162,8 +170,8 @@ cmd_start() {
     # Output goes to a file, not a pipe: a server that inherited a pipe would keep our
     # caller (e.g. "$(dev/postgres.sh start)") waiting forever.
     mkdir -p "$CACHE"
-    if ! as_root pg_ctlcluster "$VERSION" "$CLUSTER_NAME" start </dev/null >"$CACHE/pg_ctlcluster.out" 2>&1; then
-      cat "$CACHE/pg_ctlcluster.out" >&2
+    if ! as_root pg_ctlcluster "$VERSION" "$CLUSTER_NAME" start </dev/null >"$CACHE/pg_ctlcluster.$CLUSTER_NAME.out" 2>&1; then
+      cat "$CACHE/pg_ctlcluster.$CLUSTER_NAME.out" >&2
       show_log_tail
       die "pg_ctlcluster $VERSION $CLUSTER_NAME start failed"
     fi

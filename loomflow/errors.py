@@ -13,6 +13,8 @@ __all__ = [
     "ModelError",
     "OutputValidationError",
     "ProjectionTimeoutError",
+    "RunBudgetExceededError",
+    "RunOptionsError",
     "RunTakenError",
     "SequenceConflictError",
     "SerializationError",
@@ -24,6 +26,7 @@ __all__ = [
     "StaleWriterError",
     "StoreClosedError",
     "StoreError",
+    "StoreFileReplacedError",
     "StoreUnavailableError",
     "UnsafeDeserializationError",
 ]
@@ -101,12 +104,32 @@ class SessionBusyError(LoomflowError):
 
 class SignalRefusedError(LoomflowError):
     """The session has no run in flight to receive a signal (it finished, failed or was
-    parked): a signal kept there would answer some later run's wait that never asked."""
+    parked): a signal kept there would answer some later run's wait that never asked.
+    Also raised when the run's wait for that signal timed out: it answers nothing."""
 
 
 class RunTakenError(LoomflowError):
     """Another process claimed the session first (a worker, a resume, a signal): the
     run this call meant to take over is someone else's now. Nothing was written."""
+
+
+class RunOptionsError(LoomflowError, LookupError):
+    """A run's recorded option (an extra tool, an output schema) that the process
+    continuing it cannot provide as recorded: not hosted, or changed since the run
+    started. The run is not continued (nothing is written); resume it where the option
+    is hosted, or with explicit keywords that replace the recorded ones.
+
+    ``missing`` names each option that could not be provided, e.g. ``extra tool 'tenant'``.
+    """
+
+    def __init__(self, message: str, *, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
+class RunBudgetExceededError(LoomflowError):
+    """A worker's take-over of a run would pass the run's budget (take-overs, model calls,
+    tokens or cost): the run is parked as stuck for a person instead."""
 
 
 class SignalTimeoutError(LoomflowError, TimeoutError):
@@ -135,6 +158,13 @@ class ProjectionTimeoutError(StoreError):
     """
 
     retriable = True
+
+
+class StoreFileReplacedError(StoreError):
+    """The SQLite file a store opened was removed or replaced under it (by a person, a
+    cleanup job, a restore): what the store would write goes to a file nobody will read
+    again, so it writes nothing more. Not retriable: every later write fails the same
+    way; restore the file, or open a new store on what is at the path now."""
 
 
 class CorruptRecordError(StoreError):

@@ -18,6 +18,7 @@ from loomflow.agent.context import RunContext
 from loomflow.agent.context import activate as activate_context
 from loomflow.agent.context import deactivate as deactivate_context
 from loomflow.agent.hashes import TranscriptHashes
+from loomflow.agent.options import RECORDED_KEYWORDS, Hosted, schema_ref, tool_ref
 from loomflow.agent.signals import Suspended
 from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_of
 from loomflow.agent.tools import Tool, as_tool
@@ -27,6 +28,8 @@ from loomflow.errors import (
     InvalidEventError,
     LoomflowError,
     OutputValidationError,
+    RunBudgetExceededError,
+    RunOptionsError,
     SerializationError,
     SignalTimeoutError,
 )
@@ -47,6 +50,7 @@ from loomflow.schemas import (
     RunFailed,
     RunFinished,
     RunHeartbeat,
+    RunOptions,
     RunResult,
     RunStarted,
     RunWaiting,
@@ -69,7 +73,7 @@ from loomflow.schemas.events import (
 )
 
 if TYPE_CHECKING:
-    from loomflow.projections.fold import Waiting
+    from loomflow.projections.fold import SessionRow, Waiting
 
 __all__ = ["DEFAULT_AGENT_NAME", "Agent"]
 
@@ -138,6 +142,19 @@ def _check_schema(schema: object) -> type[BaseModel] | None:
     return schema
 
 
+def _recorded_effort(effort: str | None, scope: Scope) -> Effort | None:
+    """The effort a run recorded, as this version knows it."""
+    try:
+        return None if effort is None else Effort(effort)
+    except ValueError:
+        missing = f"effort {effort!r}, which this version of loomflow does not know"
+        raise RunOptionsError(
+            f"cannot continue {scope.describe()}: its run was given {missing}; resume it "
+            "with an explicit effort= that replaces it",
+            missing=[missing],
+        ) from None
+
+
 def _check_effort(effort: object) -> Effort | None:
     if effort is None:
         return None
@@ -157,10 +174,43 @@ class _RunOptions:
     context: RunContext
     session_id: str | None
     tools: dict[str, Tool]
+    #: the tools of ``tools`` given to this run only (recorded by name and schema hash)
+    extra: tuple[Tool, ...]
     emitter: Emitter
     output_schema: type[BaseModel] | None
     retries: int
     effort: Effort | None
+    #: the keywords of a resume() that replaced what its predecessor recorded
+    replaced: tuple[str, ...] = ()
+
+    def recorded(self) -> RunOptions:
+        """These options as run.started records them."""
+        return RunOptions(
+            extra_tools=tuple(tool_ref(tool) for tool in self.extra),
+            output_schema=None if self.output_schema is None else schema_ref(self.output_schema),
+            output_validation_retries=self.retries,
+            effort=None if self.effort is None else self.effort.value,
+            replaced=self.replaced,
+        )
+
+
+@dataclass(frozen=True)
+class _Take:
+    """How a worker takes a run over: only right after ``after_seq``, as ``worker``;
+    ``budget`` says (before each model call, given the calls and usage of this take)
+    why the run may not spend more, or None; once ``stop`` is set the run stops at its
+    next step, recording nothing, and is left for another worker."""
+
+    after_seq: int
+    worker: str
+    park_on_failure: bool
+    budget: Callable[[int, Usage], str | None] | None
+    stop: asyncio.Event | None
+
+
+class _Released(BaseException):
+    """Raised at a run's next step once its worker stops: the run ends unrecorded, for
+    the next worker (not an Exception, so that a tool's ``except Exception`` passes it)."""
 
 
 class Agent:
@@ -177,6 +227,8 @@ class Agent:
         output_schema: type[BaseModel] | None = None,
         effort: Effort | str | None = None,
         name: str = DEFAULT_AGENT_NAME,
+        extra_tools: Sequence[Callable[..., Any] | Tool] | None = None,
+        output_schemas: Sequence[type[BaseModel]] | None = None,
     ) -> None:
         if not isinstance(instructions, str):
             raise TypeError("instructions must be a string")
@@ -195,6 +247,12 @@ class Agent:
         #: defaults of every run; a run's own keywords override them
         self.output_schema = _check_schema(output_schema)
         self.effort = _check_effort(effort)
+        #: what a run may be given by name: a run that continues one recorded with these
+        #: extra tools or output schemas (in another process: a worker's) finds them here
+        offered = _tools(self.tools, extra_tools, "Agent(extra_tools=...): ")
+        self.hosted = Hosted.of(
+            (t for n, t in offered.items() if n not in self.tools), output_schemas
+        )
         #: where this agent's runs left their sessions' transcript hashes
         self._hashes = TranscriptHashes()
 
@@ -257,42 +315,41 @@ class Agent:
             new_id("sess") if options.session_id is None else options.session_id,
             options.context.user_id,
         )
-        return await self._drive(scope, options, prompt, mode="run")
+        return await self._drive(scope, lambda row: options, prompt, mode="run")
 
     async def _drive(
         self,
         scope: Scope,
-        options: _RunOptions,
+        options_for: Callable[[SessionRow | None], _RunOptions],
         prompt: str,
         *,
         mode: Literal["run", "resume"],
         from_checkpoint: str | None = None,
         continuing: bool = False,
-        claim_after: int | None = None,
-        worker: str | None = None,
-        park_on_failure: bool = False,
+        take: _Take | None = None,
     ) -> RunResult:
-        """Claim the session, restore it and run the loop on it."""
+        """Claim the session, restore it and run the loop on it, with the options that
+        ``options_for`` makes of the session's row at the claim (a resume's: what the
+        latest run recorded, and the explicit keywords); raising there claims nothing."""
+        chosen: list[_RunOptions] = []
+
+        def prepare(row: SessionRow | None) -> tuple[dict[str, Any], RunOptions]:
+            chosen[:] = [options_for(row)]
+            return dict(chosen[0].context.metadata), chosen[0].recorded()
+
         writer = await self.runtime.open_session(
             scope,
             run_id=new_id("run"),
             mode=mode,
             from_checkpoint=from_checkpoint,
-            metadata=dict(options.context.metadata),
+            prepare=prepare,
             model=self.model.name,
             agent=self.name,
-            claim_after=claim_after,
-            worker=worker,
+            claim_after=None if take is None else take.after_seq,
+            worker=None if take is None else take.worker,
         )
         restored = await self.runtime.restore(scope)
-        run = _Run(
-            self,
-            writer,
-            restored,
-            options,
-            continuing=continuing,
-            park_on_failure=park_on_failure,
-        )
+        run = _Run(self, writer, restored, chosen[0], continuing=continuing, take=take)
         return await run.drive(prompt)
 
     async def resume(
@@ -309,8 +366,14 @@ class Agent:
         ``from_checkpoint="latest"`` (or the latest id) continues in place, replaying the
         events recorded after the checkpoint. Any older id forks into a new ``sess…``
         session. Without any checkpoint this falls back to ``run`` on the same session.
-        Every other keyword of ``run`` (metadata, context, extra_tools, emit,
-        output_schema, output_validation_retries, effort) applies to the resumed run.
+
+        The resumed run is given the options the session's latest run recorded (its
+        metadata, extra_tools, output_schema, output_validation_retries, effort); the
+        tools and schema are found by name among this agent's own and what it hosts
+        (``Agent(extra_tools=..., output_schemas=...)``), and RunOptionsError says which
+        one is missing, before anything is written. A keyword of ``run`` given here
+        (``context`` with metadata counts as metadata) replaces the recorded one, and
+        the new run.started records that it did. ``emit`` is this call's own.
         """
         unknown = sorted(set(run_kwargs) - _RUN_KEYWORDS)
         if unknown:
@@ -323,18 +386,8 @@ class Agent:
             return await self.run(text, session_id=session_id, user_id=user_id, **run_kwargs)
         if not isinstance(from_checkpoint, str):
             raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
-        options = self._options(
-            run_kwargs.get("context"),
-            user_id,
-            session_id,
-            run_kwargs.get("metadata"),
-            run_kwargs.get("extra_tools"),
-            run_kwargs.get("emit"),
-            run_kwargs.get("output_schema"),
-            run_kwargs.get("output_validation_retries", 1),
-            run_kwargs.get("effort"),
-        )
-        scope = Scope.of(session_id, options.context.user_id)
+        given = self._given(run_kwargs, user_id, session_id)
+        scope = Scope.of(session_id, given.context.user_id)
         latest = await self.runtime.store.checkpoint(scope, None)
         if from_checkpoint != "latest":
             validate_id(from_checkpoint, "checkpoint id")
@@ -345,12 +398,12 @@ class Agent:
                     "agent.list_checkpoints(session_id, user_id=...)"
                 )
             if latest is not None and target.checkpoint_id != latest.checkpoint_id:
-                return await self._fork(scope, target.checkpoint_id, text, options)
+                return await self._fork(scope, target.checkpoint_id, text, run_kwargs, given)
         if latest is None:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
         return await self._drive(
             scope,
-            options,
+            lambda row: self._continued(row, run_kwargs, given, scope),
             text,
             mode="run" if latest is None else "resume",
             from_checkpoint=None if latest is None else latest.checkpoint_id,
@@ -380,25 +433,33 @@ class Agent:
         after_seq: int,
         worker: str,
         last_attempt: bool = False,
+        emit: Emit | None = None,
+        budget: Callable[[int, Usage], str | None] | None = None,
+        stop: asyncio.Event | None = None,
     ) -> RunResult:
         """Resume a run on behalf of a worker (``prompt=None``), only if its session
         still ends at ``after_seq``: of several workers that saw the same abandoned or
-        signalled run, exactly one takes it; the others get RunTakenError. On the
-        ``last_attempt``, a failure parks the session (``loomflow sessions ls --stuck``).
+        signalled run, exactly one takes it; the others get RunTakenError. The run is
+        given the options its predecessor recorded (RunOptionsError, before anything is
+        written, when one is not hosted here). On the ``last_attempt``, a failure parks
+        the session (``loomflow sessions ls --stuck``); so does passing the ``budget``
+        (called before each model call with this take's calls and usage, it returns
+        why the run may not go on, or None). Once ``stop`` is set, the run stops at its
+        next step with nothing recorded (left for another worker) and this raises
+        asyncio.CancelledError.
         """
+        kwargs = {"emit": emit}
+        given = self._given(kwargs, user_id, session_id)
         scope = Scope.of(session_id, user_id)
-        options = self._options(None, user_id, session_id, None, None, None, None, 1, None)
         latest = await self.runtime.store.checkpoint(scope, None)
         return await self._drive(
             scope,
-            options,
+            lambda row: self._continued(row, kwargs, given, scope),
             self.tuning.continuation_prompt,
             mode="run" if latest is None else "resume",
             from_checkpoint=None if latest is None else latest.checkpoint_id,
             continuing=True,
-            claim_after=after_seq,
-            worker=worker,
-            park_on_failure=last_attempt,
+            take=_Take(after_seq, worker, last_attempt, budget, stop),
         )
 
     async def stream(self, prompt: str, **run_kwargs: Any) -> AsyncIterator[RunItem | RunResult]:
@@ -414,6 +475,87 @@ class Agent:
             raise TypeError("stream() delivers what emit would: pass no emit")
         async for item in stream_of(lambda emit: self.run(prompt, emit=emit, **run_kwargs)):
             yield item
+
+    async def stream_resume(
+        self, prompt: str | None = None, **resume_kwargs: Any
+    ) -> AsyncIterator[RunItem | RunResult]:
+        """Resume as ``resume`` does (same keywords) and yield what ``emit`` would
+        receive, then the RunResult, as ``stream`` does for ``run``."""
+        if "emit" in resume_kwargs:
+            raise TypeError("stream_resume() delivers what emit would: pass no emit")
+        async for item in stream_of(lambda emit: self.resume(prompt, emit=emit, **resume_kwargs)):
+            yield item
+
+    def _given(self, kwargs: dict[str, Any], user_id: str | None, session_id: str) -> _RunOptions:
+        """The keywords of a resume, checked as run() checks them (the recorded options
+        are laid under them later, from the session's row at the claim)."""
+        return self._options(
+            kwargs.get("context"),
+            user_id,
+            session_id,
+            kwargs.get("metadata"),
+            kwargs.get("extra_tools"),
+            kwargs.get("emit"),
+            kwargs.get("output_schema"),
+            kwargs.get("output_validation_retries", 1),
+            kwargs.get("effort"),
+        )
+
+    def _continued(
+        self, row: SessionRow | None, kwargs: dict[str, Any], given: _RunOptions, scope: Scope
+    ) -> _RunOptions:
+        """The options of a run that continues ``row``'s latest run: what it recorded,
+        each replaced by the keyword given for it (``given``, checked, from ``kwargs``).
+
+        Raises RunOptionsError when a recorded tool or schema is not hosted here as it
+        was recorded; nothing has been written then.
+        """
+        recorded = row.run_options if row is not None else None
+        explicit = {k for k in RECORDED_KEYWORDS if kwargs.get(k) is not None}
+        context = kwargs.get("context")
+        if isinstance(context, RunContext) and context.metadata:
+            explicit.add("metadata")
+        options = given
+        if "metadata" not in explicit and row is not None and row.run_metadata:
+            metadata = row.run_metadata
+            context = options.context.merged(user_id=None, session_id=None, metadata=metadata)
+            options = replace(options, context=context)
+        if recorded is None:  # a new session, or a run recorded before options were kept
+            return options
+        extra, schema = self.hosted.resolve(
+            () if "extra_tools" in explicit else recorded.extra_tools,
+            None if "output_schema" in explicit else recorded.output_schema,
+            own_tools=self.tools,
+            default_schema=self.output_schema,
+            where=scope.describe(),
+        )
+        if "extra_tools" not in explicit:
+            options = replace(
+                options, tools=_tools(self.tools, extra, "extra_tools: "), extra=tuple(extra)
+            )
+        if "output_schema" not in explicit:
+            options = replace(options, output_schema=schema)
+        if "output_validation_retries" not in explicit:
+            options = replace(options, retries=recorded.output_validation_retries)
+        if "effort" not in explicit:
+            options = replace(options, effort=_recorded_effort(recorded.effort, scope))
+        now = options.recorded()
+        changed = tuple(
+            keyword
+            for keyword, before, after in (
+                ("metadata", row.run_metadata if row else None, dict(options.context.metadata)),
+                ("extra_tools", recorded.extra_tools, now.extra_tools),
+                ("output_schema", recorded.output_schema, now.output_schema),
+                (
+                    "output_validation_retries",
+                    recorded.output_validation_retries,
+                    now.output_validation_retries,
+                ),
+                ("effort", recorded.effort, now.effort),
+            )
+            if keyword in explicit and before != after
+        )
+        return replace(options, replaced=changed)
 
     def _options(
         self,
@@ -440,10 +582,12 @@ class Agent:
         merged = (context or RunContext()).merged(
             user_id=user_id, session_id=session_id, metadata=metadata
         )
+        tools = _tools(self.tools, extra_tools, "extra_tools: ")
         return _RunOptions(
             context=merged,
             session_id=merged.session_id,
-            tools=_tools(self.tools, extra_tools, "extra_tools: "),
+            tools=tools,
+            extra=tuple(tool for name, tool in tools.items() if name not in self.tools),
             emitter=Emitter(emit),
             output_schema=_check_schema(output_schema) or self.output_schema,
             retries=output_validation_retries,
@@ -451,16 +595,24 @@ class Agent:
         )
 
     async def _fork(
-        self, parent: Scope, checkpoint_id: str, prompt: str, options: _RunOptions
+        self,
+        parent: Scope,
+        checkpoint_id: str,
+        prompt: str,
+        kwargs: dict[str, Any],
+        given: _RunOptions,
     ) -> RunResult:
+        """Fork ``parent`` at ``checkpoint_id`` into a new session and run it there, with
+        the options of the parent's latest run (replaced by the keywords given)."""
         origin = await self.runtime.fork_origin(parent, checkpoint_id)  # raises if pruned
+        options = self._continued(await self.runtime.store.session(parent), kwargs, given, parent)
         child = Scope(new_id("sess"), parent.user_id)
         writer = await self.runtime.open_session(
             child,
             run_id=new_id("run"),
             mode="fork",
             from_checkpoint=checkpoint_id,
-            metadata=dict(options.context.metadata),
+            prepare=lambda row: (dict(options.context.metadata), options.recorded()),
             model=self.model.name,
             agent=self.name,
             fork=origin,
@@ -489,7 +641,7 @@ class _Run:
         options: _RunOptions,
         *,
         continuing: bool = False,
-        park_on_failure: bool = False,
+        take: _Take | None = None,
     ) -> None:
         self.agent = agent
         #: where the run this one continues stopped to wait for a signal (resume with no
@@ -503,8 +655,10 @@ class _Run:
         claim = writer.opened[-1] if writer.opened else None
         interrupted = claim.payload.interrupted if isinstance(claim, RunStarted) else None
         self.interrupted = None if continuing else interrupted
-        #: a worker's last retry: a failure parks the session (``sessions ls --stuck``)
-        self.park_on_failure = park_on_failure
+        #: how a worker took the run over (None: a caller's run)
+        self.take = take
+        #: what this run's own model calls cost (a worker's budget counts them)
+        self.spent = Usage()
         self.tuning = agent.tuning
         self.writer = writer
         self.options = options
@@ -633,7 +787,12 @@ class _Run:
             )
         except Suspended as suspended:
             return await self._wait(suspended.waiting)
+        except _Released:
+            logger.info("%s stops with its worker; left for another", self.writer.scope.describe())
+            raise asyncio.CancelledError() from None
         except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError) and self._stopping():
+                raise  # the worker stops past its grace: the run is left as a crash leaves it
             await self._record_failure(exc)
             raise
         # once the run returns, every process reads its checkpoints (on Kafka: the one
@@ -709,7 +868,30 @@ class _Run:
             await self._model_turn()
             calls += 1
 
+    def _stopping(self) -> bool:
+        """Whether this is a worker's run and its worker is stopping."""
+        take = self.take
+        return take is not None and take.stop is not None and take.stop.is_set()
+
+    def _next_step(self) -> None:
+        """Where a worker's run stops once its worker does (before a model call, a tool
+        call, a stop hook): nothing more is recorded, and the run is left for the next
+        worker."""
+        if self._stopping():
+            raise _Released()
+
+    def _within_budget(self) -> None:
+        """Before a model call of a worker's run: raise RunBudgetExceededError (which
+        parks the run) once the run's budget is spent."""
+        take = self.take
+        if take is not None and take.budget is not None:
+            reason = take.budget(self.model_calls, self.spent)
+            if reason is not None:
+                raise RunBudgetExceededError(reason)
+
     async def _model_turn(self) -> None:
+        self._next_step()
+        self._within_budget()
         tools = [tool.spec for tool in self.tools.values()]
         digest = self._transcript.hexdigest(
             orjson.dumps([self.agent.model.name, [t.name for t in tools]])
@@ -725,6 +907,7 @@ class _Run:
         self.turns += 1
         self.model_calls += 1
         self.usage = self.usage + response.usage
+        self.spent = self.spent + response.usage
         self._context_tokens = response.usage.total_tokens
         await self._append(
             [response.message],
@@ -775,6 +958,7 @@ class _Run:
                 await self._call_tool(call)
 
     async def _call_tool(self, call: ToolCall) -> None:
+        self._next_step()
         tool = self.tools.get(call.name)
         is_error = False
         if tool is None:
@@ -880,6 +1064,7 @@ class _Run:
                 self.parsed = schema.model_validate_json(self._output())
 
     async def _stop_hooks(self) -> Message | None:
+        self._next_step()
         state = SessionState(
             session_id=self.writer.scope.session_id,
             user_id=self.writer.scope.user_id,
@@ -922,6 +1107,8 @@ class _Run:
         threshold = self.tuning.auto_compact_at_tokens
         if threshold is None or self._estimated_tokens() < threshold:
             return
+        self._next_step()
+        self._within_budget()
         lead = 0
         while lead < len(self.messages) and self.messages[lead].role is Role.SYSTEM:
             lead += 1
@@ -940,6 +1127,7 @@ class _Run:
         latency_ms = _elapsed_ms(started)
         self.model_calls += 1
         self.usage = self.usage + response.usage
+        self.spent = self.spent + response.usage
         compacted = [
             *self.messages[:lead],
             Message.user(f"Summary of the earlier conversation:\n{response.message.content}"),
@@ -1000,11 +1188,17 @@ class _Run:
                     error_type=type(exc).__name__,
                     error=str(exc)[:2000],
                     model=self.agent.model.name,
-                    parked=True if self.park_on_failure else None,
+                    parked=True if self._parks(exc) else None,
                 ),
             )
         except BaseException as again:  # the store may be what failed
             logger.warning("could not record the failure of run %s: %s", self.writer.run_id, again)
+
+    def _parks(self, exc: BaseException) -> bool:
+        """Whether a failure parks the session for a person (``sessions ls --stuck``): a
+        worker's last attempt, or a run past its budget."""
+        last = self.take is not None and self.take.park_on_failure
+        return last or isinstance(exc, RunBudgetExceededError)
 
     def _output(self) -> str:
         for message in reversed(self.messages):

@@ -35,7 +35,9 @@ async def wait_for_signal(name: str, *, timeout: float | None = None) -> Any:  #
     process may exit. Once the signal is sent (``agent.signal`` or ``loomflow signal``),
     a worker (or ``agent.resume``) resumes the run, and this call returns the payload at
     the point where it waited. ``timeout`` (seconds, from the first wait) bounds the
-    wait: after it, the resumed call raises SignalTimeoutError.
+    wait: after it, the resumed call raises SignalTimeoutError. A signal whose
+    ``signal.sent`` the log recorded at or after that deadline does not answer the wait;
+    it stays in the inbox for a later wait of that name in the same run.
     """
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise ValueError(f"a signal name must be a non-empty string of <= 200 characters: {name!r}")
@@ -53,18 +55,24 @@ async def wait_for_signal(name: str, *, timeout: float | None = None) -> Any:  #
     recorded = await store.step(writer.scope, key)
     if recorded is not None:
         return _outcome(name, recorded.value)
-    row = await store.session(writer.scope)
-    pending = next((s for s in row.inbox if s.name == name), None) if row else None
     deadline_key = f"{key}@until"
+    until_step = await store.step(writer.scope, deadline_key)
+    until: datetime | None = None
+    if until_step is not None:  # a wait resumed: its deadline was set the first time
+        until = datetime.fromisoformat(until_step.value["until"])
+    row = await store.session(writer.scope)
+    # the log decides: a signal recorded at or after the deadline does not answer this
+    # wait; it stays in the inbox, for a later wait of that name in the run
+    pending = (
+        next((s for s in row.inbox if s.name == name and (until is None or s.at < until)), None)
+        if row
+        else None
+    )
     if pending is not None:
         value = {"data": pending.data}
         signal_seq: int | None = pending.seq
     else:
-        until_step = await store.step(writer.scope, deadline_key)
-        until: datetime | None = None
-        if until_step is not None:  # a wait resumed: its deadline was set the first time
-            until = datetime.fromisoformat(until_step.value["until"])
-        elif timeout is not None:
+        if until is None and timeout is not None:
             until = utcnow() + timedelta(seconds=timeout)
             await writer.emit(
                 StepRecorded,

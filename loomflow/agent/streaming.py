@@ -7,7 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from loomflow.schemas import Event, RunResult
 
@@ -18,13 +18,22 @@ logger = logging.getLogger("loomflow.agent")
 
 @dataclass(frozen=True)
 class TextDelta:
-    """A piece of the model's answer as it streams; ``turn`` is the turn it becomes."""
+    """A piece of the model's answer as it streams; ``turn`` is the turn it becomes.
+
+    The one item an observer gets before the log has it (``recorded`` is False): the
+    answer is recorded by the ``TurnAppended`` that follows its deltas, and a crash
+    before that loses it (the model is asked again on resume).
+    """
+
+    #: never recorded itself: every event an observer hears of is in the log already
+    recorded: ClassVar[bool] = False
 
     text: str
     turn: int
 
 
-#: what ``emit`` receives: each event of the run once it is appended, and text deltas
+#: what ``emit`` receives: each event of the run once the log acknowledged it, and text
+#: deltas as the model streams them
 RunItem = Event | TextDelta
 Emit = Callable[[RunItem], Awaitable[None]]
 

@@ -7,6 +7,12 @@ the same run, exactly one writes the new epoch, and that epoch fences the dead o
 too. Delivery of a resume is at least once (a worker that dies mid-resume leaves the
 run abandoned again); its effect is exactly once, because recorded model and tool calls
 replay from the log instead of running again.
+
+A take-over continues the same run: the options its run.started recorded (metadata,
+extra tools, output schema, effort) are restored, and a run whose tools or schema this
+worker does not host is parked, never run without them. A run's budget (take-overs,
+and optionally model calls, tokens and cost) is counted in the log, so no worker, nor
+several in turn, spends past it.
 """
 
 from __future__ import annotations
@@ -22,15 +28,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from loomflow.agent.loop import Agent
-from loomflow.errors import InvalidEventError, LoomflowError, RunTakenError
+from loomflow.agent.streaming import Emit
+from loomflow.errors import (
+    InvalidEventError,
+    LoomflowError,
+    RunBudgetExceededError,
+    RunOptionsError,
+    RunTakenError,
+)
 from loomflow.projections.fold import SessionRow
 from loomflow.runtime import Runtime, Scope
 from loomflow.runtime.base import abandoned
-from loomflow.schemas import RunFailed, new_id
+from loomflow.schemas import RunFailed, Usage, new_id
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.events import RunFailedPayload
 
-__all__ = ["Reason", "Worker", "due"]
+__all__ = ["Budget", "Reason", "Worker", "due"]
 
 logger = logging.getLogger("loomflow.worker")
 
@@ -51,6 +64,52 @@ def due(row: SessionRow) -> Reason | None:
     return None
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What workers may spend on one run, counted in the log across every worker's
+    take-overs: at most ``takes`` take-overs since a caller started the run or it last
+    waited for a signal, and (each when not None) ``model_calls`` model calls,
+    ``tokens`` tokens and ``cost_usd`` dollars since a caller started it. A run past any
+    of them is parked as stuck with the reason, for a person."""
+
+    takes: int = 10
+    model_calls: int | None = None
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("takes", "model_calls", "tokens"):
+            value = getattr(self, name)
+            if value is None and name != "takes":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Budget.{name} must be an int >= 1, not {value!r}")
+        cost = self.cost_usd
+        if cost is not None and (
+            isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < 1e12
+        ):
+            raise ValueError(f"Budget.cost_usd must be a positive number, not {cost!r}")
+
+    def spent(self, row: SessionRow, calls: int = 0, usage: Usage | None = None) -> str | None:
+        """Why the run of ``row`` may not spend more, having made ``calls`` model calls
+        costing ``usage`` since the row was read; None while it may."""
+        usage = row.spent if usage is None else row.spent + usage
+        calls += row.spent_calls
+        if self.model_calls is not None and calls >= self.model_calls:
+            return f"the run made {calls} model calls, its budget (model_calls={self.model_calls})"
+        if self.tokens is not None and usage.total_tokens >= self.tokens:
+            return f"the run used {usage.total_tokens} tokens, its budget (tokens={self.tokens})"
+        if self.cost_usd is not None and usage.cost_usd >= self.cost_usd:
+            return f"the run cost ${usage.cost_usd:.6f}, its budget (cost_usd={self.cost_usd:g})"
+        return None
+
+    def exceeded(self, row: SessionRow) -> str | None:
+        """Why the run of ``row`` may not be taken over again; None while it may."""
+        if row.takes >= self.takes:
+            return f"workers took the run over {row.takes} times, its budget (takes={self.takes})"
+        return self.spent(row)
+
+
 #: how the log says what became of a take-over
 _SAID = {
     "finished": "finished",
@@ -58,17 +117,19 @@ _SAID = {
     "failed": "failed",
     "parked": "is parked",
     "taken": "was taken by another process first",
+    "released": "stops with this worker; left for the next one",
 }
 
 
 @dataclass(frozen=True)
 class TakeOver:
-    """What a worker did with one run: resumed it to an end, parked it, or lost it."""
+    """What a worker did with one run: resumed it to an end, parked it, lost it, or left
+    it for the next worker when it stopped."""
 
     session_id: str
     user_id: str | None
     reason: Reason
-    outcome: Literal["finished", "waiting", "failed", "parked", "taken"]
+    outcome: Literal["finished", "waiting", "failed", "parked", "taken", "released"]
     detail: str = ""
 
 
@@ -77,9 +138,14 @@ class Worker:
 
     ``scan`` looks once; ``run`` looks every ``poll_seconds`` until stopped. A resumed
     run that fails is tried again after ``backoff_seconds`` (doubling), up to
-    ``max_attempts`` takes by workers in a row; then the session is parked with its
-    error (status ``stuck``, ``loomflow sessions ls --stuck``). Several workers may run
-    against the same store: each run is taken by one of them.
+    ``max_attempts`` takes by workers in a row that record no model turn; then the
+    session is parked with its error (status ``stuck``, ``loomflow sessions ls
+    --stuck``). ``budget`` bounds what workers spend on a run however it progresses
+    (parked too, past it). Several workers may run against the same store: each run is
+    taken by one of them. Once stopped, runs in progress stop at their next step and are
+    left for the next worker; those still in a step after ``stop_grace_seconds`` are cut
+    off there, as a crash would. ``emit`` hears of each take-over's events as the log
+    acknowledges them (as ``run(emit=...)`` does).
     """
 
     def __init__(
@@ -91,6 +157,9 @@ class Worker:
         max_attempts: int = 3,
         backoff_seconds: float = 1.0,
         concurrency: int = 8,
+        budget: Budget | None = None,
+        stop_grace_seconds: float = 5.0,
+        emit: Emit | None = None,
     ) -> None:
         hosted: dict[str, Agent] = {}
         for agent in agents:
@@ -105,7 +174,20 @@ class Worker:
             raise ValueError("a worker needs at least one Agent to host")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        if budget is not None and not isinstance(budget, Budget):
+            raise TypeError(f"budget must be a Budget, not {type(budget).__name__}")
+        if isinstance(stop_grace_seconds, bool) or not (
+            isinstance(stop_grace_seconds, int | float) and 0 <= stop_grace_seconds <= 3600
+        ):
+            raise ValueError(
+                f"stop_grace_seconds must be a number from 0 to 3600, not {stop_grace_seconds!r}"
+            )
         self.agents = hosted
+        self.budget = budget or Budget()
+        self.stop_grace_seconds = float(stop_grace_seconds)
+        self.emit = emit
+        #: set once the worker stops: runs in progress stop at their next step
+        self.stopping = asyncio.Event()
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         self.poll_seconds = poll_seconds
         self.max_attempts = max_attempts
@@ -160,7 +242,14 @@ class Worker:
     ) -> None:
         self._tasks.discard(task)
         self._busy.discard(key)
-        if not task.cancelled() and (outcome := task.result()) is not None:
+        if task.cancelled():  # cut off by stop(): left as a crash leaves a run
+            logger.info(
+                "worker %s: %s is cut off mid-step; left for the next worker",
+                self.name,
+                Scope(key[1], key[0]).describe(),
+            )
+            return
+        if (outcome := task.result()) is not None:
             self.done.append(outcome)
             logger.info(
                 "worker %s: %s %s",
@@ -170,8 +259,8 @@ class Worker:
             )
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Scan every ``poll_seconds`` until ``stop`` is set; then wait for the runs it
-        took over to end."""
+        """Scan every ``poll_seconds`` until ``stop`` is set; then stop the runs in
+        progress at their next step (see ``stop``)."""
         stop = stop or asyncio.Event()
         try:
             while not stop.is_set():
@@ -182,7 +271,21 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.poll_seconds)  # the poll timer
         finally:
-            await self.drain()
+            await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the take-overs in progress at their next step (a model or tool call, a
+        stop hook), recording nothing: each is left for the next worker, which takes it
+        once its lease has passed. One still inside a step after ``stop_grace_seconds``
+        is cut off there, as a crash would (the call in flight runs again, once, in the
+        next worker's take)."""
+        self.stopping.set()
+        if not self._tasks:
+            return
+        _, late = await asyncio.wait(list(self._tasks), timeout=self.stop_grace_seconds)
+        for task in late:
+            task.cancel()
+        await self.drain()
 
     async def drain(self) -> None:
         """Wait for the take-overs in progress to end."""
@@ -193,7 +296,7 @@ class Worker:
         scope = Scope(seen.session_id, seen.user_id)
         retrying: Reason | None = None
         async with self._slots:
-            while True:
+            while not self.stopping.is_set():
                 row = await agent.runtime.store.session(scope)  # as the log has it now
                 if row is None:
                     return None
@@ -202,15 +305,25 @@ class Worker:
                 if reason is None:
                     return None
                 if row.attempts >= self.max_attempts:
-                    return await self._park(agent, row, reason)
+                    return await self._park(
+                        agent,
+                        row,
+                        reason,
+                        f"gave up after {row.attempts} attempts by workers; last error: "
+                        f"{row.last_error or 'none recorded (its process died)'}",
+                    )
+                if (spent := self.budget.exceeded(row)) is not None:
+                    return await self._park(agent, row, reason, f"over budget: {spent}")
                 last = row.attempts + 1 >= self.max_attempts
                 logger.info(
-                    "worker %s claims %s (%s, attempt %d of %d)",
+                    "worker %s claims %s (%s, attempt %d of %d, take %d of %d)",
                     self.name,
                     scope.describe(),
                     reason,
                     row.attempts + 1,
                     self.max_attempts,
+                    row.takes + 1,
+                    self.budget.takes,
                 )
                 try:
                     result = await agent.take_over(
@@ -219,12 +332,21 @@ class Worker:
                         after_seq=row.last_seq,
                         worker=self.name,
                         last_attempt=last,
+                        emit=self.emit,
+                        budget=functools.partial(self.budget.spent, row),
+                        stop=self.stopping,
                     )
                 except (RunTakenError, InvalidEventError) as exc:
                     logger.info(
                         "worker %s: %s was taken first: %s", self.name, scope.describe(), exc
                     )
                     return TakeOver(scope.session_id, scope.user_id, reason, "taken", str(exc))
+                except RunOptionsError as exc:  # nothing was written: park it, as it is
+                    return await self._park(agent, row, reason, str(exc))
+                except asyncio.CancelledError:
+                    if not self.stopping.is_set() or _cancelling():
+                        raise
+                    return TakeOver(scope.session_id, scope.user_id, reason, "released")
                 except Exception as exc:
                     logger.warning(
                         "worker %s: resuming %s failed: %s: %s",
@@ -233,7 +355,7 @@ class Worker:
                         type(exc).__name__,
                         exc,
                     )
-                    if last:
+                    if last or isinstance(exc, RunBudgetExceededError):
                         logger.warning(
                             "worker %s parked %s after %d attempts: it waits for a person "
                             "(loomflow sessions ls --stuck)",
@@ -242,28 +364,31 @@ class Worker:
                             row.attempts + 1,
                         )
                         return TakeOver(scope.session_id, scope.user_id, reason, "parked", str(exc))
-                    # a backoff timer before the next attempt, not a wait for a result
-                    await asyncio.sleep(self.backoff_seconds * 2**row.attempts)
+                    # a backoff timer before the next attempt (cut short when stopping)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(
+                            self.stopping.wait(), self.backoff_seconds * 2**row.attempts
+                        )
                     retrying = reason
                     continue
                 outcome: Literal["finished", "waiting"] = (
                     "waiting" if result.stop_reason == "waiting" else "finished"
                 )
                 return TakeOver(scope.session_id, scope.user_id, reason, outcome)
+        return None
 
-    async def _park(self, agent: Agent, row: SessionRow, reason: Reason) -> TakeOver:
-        """Give up on a run that keeps failing (or keeps killing its process): record
-        the failure as parked, so it waits for a person instead of another worker."""
+    async def _park(self, agent: Agent, row: SessionRow, reason: Reason, error: str) -> TakeOver:
+        """Give up on a run (it keeps failing or killing its process, it is over its
+        budget, or it needs what this worker does not host): record the failure as
+        parked, so it waits for a person instead of another worker. The claim carries
+        the run's recorded options forward, so a later resume is given them still."""
         scope = Scope(row.session_id, row.user_id)
-        error = (
-            f"gave up after {row.attempts} attempts by workers; last error: "
-            f"{row.last_error or 'none recorded (its process died)'}"
-        )
         try:
             writer = await agent.runtime.open_session(
                 scope,
                 run_id=new_id("run"),
                 mode="resume",
+                prepare=lambda now: (now.run_metadata, now.run_options) if now else (None, None),
                 agent=agent.name,
                 model=agent.model.name,
                 claim_after=row.last_seq,
@@ -271,10 +396,16 @@ class Worker:
             )
             await writer.emit(
                 RunFailed,
-                RunFailedPayload(error_type="Parked", error=error, parked=True),
+                RunFailedPayload(error_type="Parked", error=error[:2000], parked=True),
             )
             await writer.confirm()
         except (RunTakenError, InvalidEventError) as exc:
             return TakeOver(scope.session_id, scope.user_id, reason, "taken", str(exc))
         logger.warning("worker %s parked %s: %s", self.name, scope.describe(), error)
         return TakeOver(scope.session_id, scope.user_id, reason, "parked", error)
+
+
+def _cancelling() -> bool:
+    """Whether the current task itself is being cancelled (not a run stopping inside it)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0

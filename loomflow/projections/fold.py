@@ -25,6 +25,7 @@ from loomflow.schemas import (
     Message,
     RunFailed,
     RunFinished,
+    RunOptions,
     RunStarted,
     RunWaiting,
     SessionErased,
@@ -121,6 +122,16 @@ class SessionRow:
     #: of the last failed run: a worker's bounded retries, kept across processes
     attempts: int = 0
     last_error: str | None = None
+    #: the metadata and options the latest run recorded in its run.started: what a run
+    #: that continues it is given (None: recorded before options were kept)
+    run_metadata: dict[str, Any] | None = None
+    run_options: RunOptions | None = None
+    #: a run's budget, kept across processes: the take-overs by workers since a caller
+    #: started the run or it last waited, and the model calls and usage since a caller
+    #: started it (``Worker`` parks a run past its limits)
+    takes: int = 0
+    spent_calls: int = 0
+    spent: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -238,13 +249,19 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
     match event:
         case RunStarted(payload=p):
             # ``waiting`` stays: the resumed run reads where its predecessor waited
+            taken = p.worker is not None
             changes.update(
                 status="running",
                 last_run_id=event.run_id,
                 agent=p.agent,
                 lease_seconds=p.lease_seconds,
-                attempts=session.attempts + 1 if p.worker is not None else session.attempts,
+                attempts=session.attempts + 1 if taken else session.attempts,
+                run_metadata=p.metadata,
+                run_options=p.options,
+                takes=session.takes + 1 if taken else 0,
             )
+            if not taken:  # a caller's run starts a budget of its own
+                changes.update(spent_calls=0, spent=Usage())
         case RunFinished():
             # signals not received by the run are dropped with it: a stale "approve"
             # must never approve the next run's wait
@@ -262,11 +279,18 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 status="signalled" if here else "waiting",
                 waiting=Waiting(p.signal, p.step_key, p.until, p.where),
                 attempts=0,
+                takes=0,
             )
         case SignalSent(payload=p):
             changes["inbox"] = (*session.inbox, PendingSignal(event.seq, p.name, p.data, event.at))
             waiting = session.waiting
-            if session.status == "waiting" and waiting is not None and waiting.signal == p.name:
+            if (
+                session.status == "waiting"
+                and waiting is not None
+                and waiting.signal == p.name
+                # one recorded past the deadline does not answer the wait, which times out
+                and (waiting.until is None or event.at < waiting.until)
+            ):
                 changes["status"] = "signalled"
         case TurnAppended(payload=p):
             changes.update(
@@ -275,6 +299,7 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 message_count=session.message_count + len(p.messages),
             )
             if p.model_call:
+                changes.update(spent_calls=session.spent_calls + 1, spent=session.spent + p.usage)
                 if session.waiting is not None:
                     changes["waiting"] = None  # the resumed run went on past where it waited
                 if session.attempts:
@@ -285,6 +310,8 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 usage=session.usage + p.usage,
                 message_count=len(p.messages),
                 base_seq=event.seq,
+                spent_calls=session.spent_calls + 1,  # the summary is a model call too
+                spent=session.spent + p.usage,
             )
             mutations.append(AddTranscript(event.seq, True, p.messages))
         case SessionForked(payload=p):

@@ -16,7 +16,7 @@ import orjson
 
 from loomflow.errors import CorruptRecordError
 from loomflow.projections.fold import CheckpointRow, PendingSignal, SessionRow, Waiting
-from loomflow.schemas import Event, Usage
+from loomflow.schemas import Event, RunOptions, Usage
 from loomflow.schemas.codec import decode_event
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "SESSION_FIELDS",
     "checkpoint_from_row",
     "control_json",
+    "control_parts",
     "decoded_events",
     "event_from_row",
     "session_from_row",
@@ -69,16 +70,36 @@ def _moment(value: datetime | str) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
+def control_parts(row: SessionRow) -> tuple[Any, ...]:
+    """What the ``control`` column is made of: a store rewrites it when these change."""
+    return (
+        row.agent,
+        row.lease_seconds,
+        row.waiting,
+        row.inbox,
+        row.attempts,
+        row.last_error,
+        row.run_metadata,
+        row.run_options,
+        row.takes,
+        row.spent_calls,
+        row.spent,
+    )
+
+
 def control_json(row: SessionRow) -> str | None:
     """The ``control`` column: what a worker needs of the session (its agent, lease,
-    what it waits for, its inbox of signals) as JSON; None when the session has none of
-    it (sessions written before it was kept)."""
+    what it waits for, its inbox of signals, the options its run recorded, its budget)
+    as JSON; None when the session has none of it (sessions written before it was
+    kept)."""
     if (
         row.agent is None
         and row.lease_seconds is None
         and row.waiting is None
         and not row.inbox
         and row.last_error is None
+        and row.run_metadata is None
+        and row.run_options is None
     ):
         return None
     control: dict[str, Any] = {"agent": row.agent, "lease": row.lease_seconds}
@@ -100,7 +121,20 @@ def control_json(row: SessionRow) -> str | None:
             {"seq": p.seq, "name": p.name, "data": p.data, "at": p.at.isoformat()}
             for p in row.inbox
         ]
+    if row.run_metadata is not None:
+        control["metadata"] = row.run_metadata
+    if row.run_options is not None:
+        control["options"] = row.run_options.model_dump(mode="json", exclude_defaults=True)
+    if row.takes:
+        control["takes"] = row.takes
+    if row.spent_calls:
+        control["calls"] = row.spent_calls
+    if row.spent is not _NOTHING and row.spent != _NOTHING:
+        control["spent"] = row.spent.model_dump(exclude_defaults=True)
     return orjson.dumps(control).decode()
+
+
+_NOTHING = Usage()
 
 
 def _text(moment: datetime) -> str:
@@ -116,7 +150,14 @@ def _control(text: str | None) -> dict[str, Any]:
         "lease_seconds": control.get("lease"),
         "attempts": control.get("attempts", 0),
         "last_error": control.get("error"),
+        "takes": control.get("takes", 0),
+        "spent_calls": control.get("calls", 0),
     }
+    if "spent" in control:
+        fields["spent"] = Usage.model_validate(control["spent"])
+    if "options" in control:
+        fields["run_options"] = RunOptions.model_validate(control["options"])
+    fields["run_metadata"] = control.get("metadata")
     if (w := control.get("waiting")) is not None:
         fields["waiting"] = Waiting(
             w["signal"],

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sqlite3
 import time
 from collections import ChainMap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from loomflow.errors import CorruptRecordError, InvalidEventError, LoomflowError, StoreError
+from loomflow.errors import (
+    CorruptRecordError,
+    InvalidEventError,
+    LoomflowError,
+    StoreError,
+    StoreFileReplacedError,
+)
 from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
     AddTranscript,
@@ -41,6 +48,7 @@ from loomflow.projections.rows import (
     SESSION_FIELDS,
     checkpoint_from_row,
     control_json,
+    control_parts,
     decoded_events,
     event_from_row,
     session_from_row,
@@ -254,6 +262,42 @@ def connect_direct(path: Path) -> sqlite3.Connection:
     return conn
 
 
+class OpenedFile:
+    """The file a store opened at ``path``, told apart from whatever the path names later.
+
+    A file removed (with its -wal and -shm) or replaced under open connections keeps
+    taking their commits, into an inode nobody will open again: the runs they record are
+    lost without an error. ``check`` compares the path's (st_dev, st_ino) with the file's
+    at open, one ``os.stat`` (a few microseconds); the open connections keep that inode
+    allocated, so no new file at the path can have the same identity.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = os.path.abspath(path)  # as SQLite resolved it, whatever the cwd is later
+        opened = os.stat(self.path)
+        self._identity = (opened.st_dev, opened.st_ino)
+
+    def check(self) -> None:
+        """Raise StoreFileReplacedError when the path no longer names the file opened."""
+        try:
+            now = os.stat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise StoreFileReplacedError(
+                f"the SQLite store {self.path} was removed while this store had it open (no "
+                "file is at that path now), so nothing more is written to it: restore the "
+                "file from a backup, or open a new SqliteRuntime there to start an empty store"
+            ) from None
+        except OSError as exc:
+            raise StoreError(f"the SQLite store {self.path}: cannot stat it: {exc}") from exc
+        if (now.st_dev, now.st_ino) != self._identity:
+            raise StoreFileReplacedError(
+                f"the SQLite store {self.path} was replaced by another file while this store "
+                "had it open, so nothing more is written to either: what it wrote is in the "
+                "file it opened, not the one at that path now; put that one back, or open a "
+                "new SqliteRuntime to use the one there"
+            )
+
+
 def checkpoint_wal(conn: sqlite3.Connection) -> None:
     """Copy what the WAL holds into the database file, so that the next commit writes
     the WAL from its start again. It holds the write lock meanwhile (a passive checkpoint
@@ -413,7 +457,7 @@ def save_session(
     if row.updated_at != before.updated_at:
         names.append("updated_at")
         values.append(ts(row.updated_at))
-    if _control(row) != _control(before):
+    if control_parts(row) != control_parts(before):
         names.append("control")
         values.append(control_json(row))
     if names:
@@ -432,11 +476,6 @@ _PLAIN_COLUMNS = (
     "parent_checkpoint_id",
     "last_run_id",
 )
-
-
-def _control(row: SessionRow) -> tuple[Any, ...]:
-    """What the ``control`` column is made of (see rows.control_json)."""
-    return (row.agent, row.lease_seconds, row.waiting, row.inbox, row.attempts, row.last_error)
 
 
 @functools.cache
@@ -680,18 +719,25 @@ class KnownRows:
 
 
 def commit_round(
-    conn: sqlite3.Connection, batches: list[list[Event]], known: KnownRows | None = None
+    conn: sqlite3.Connection,
+    batches: list[list[Event]],
+    known: KnownRows | None = None,
+    verify: Callable[[], None] | None = None,
 ) -> list[LoomflowError | None]:
     """Apply each batch in one transaction; return each outcome. A refused batch fails
     alone: with several in the round, each has a savepoint of its own.
 
     ``known`` (the connection's rows of its last commit) saves reading back the rows of
-    sessions that no other connection wrote since.
+    sessions that no other connection wrote since. ``verify`` runs once the write lock
+    is held, before anything is written, and raises to refuse the whole round (the file
+    was replaced: see OpenedFile).
     """
     outcomes: list[LoomflowError | None] = []
     rows = {} if known is None else known.rows
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if verify is not None:
+            verify()
         if known is not None:
             known.check(conn)
         if len(batches) == 1:
@@ -776,9 +822,11 @@ def _stored_event_ids(
     return stored
 
 
-def prune(conn: sqlite3.Connection, match: PruneFilter) -> tuple[int, int, int, int]:
+def prune(
+    conn: sqlite3.Connection, match: PruneFilter, verify: Callable[[], None] | None = None
+) -> tuple[int, int, int, int]:
     """Delete what ``match`` selects in one transaction; return the counts of
-    (sessions, checkpoints, steps, events) deleted."""
+    (sessions, checkpoints, steps, events) deleted. ``verify``: as for commit_round."""
     before = match.before
     # an erasure's tombstone stays: it is what refuses the session's late events
     where, params = ["status <> 'erased'"], []
@@ -791,6 +839,8 @@ def prune(conn: sqlite3.Connection, match: PruneFilter) -> tuple[int, int, int, 
     clause = " AND ".join(where)
     conn.execute("BEGIN IMMEDIATE")
     try:
+        if verify is not None:
+            verify()
         sessions = checkpoints = steps = events = 0
         matched = conn.execute(
             f"SELECT user_id, session_id, updated_at FROM loomflow_sessions WHERE {clause}", params

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Self
 
@@ -28,6 +29,7 @@ from loomflow.schemas import (
     CheckpointMeta,
     Event,
     Message,
+    RunOptions,
     RunStarted,
     SessionForked,
     SignalSent,
@@ -149,6 +151,9 @@ class Runtime(Resource):
         mode: Literal["run", "resume", "fork"] = "run",
         from_checkpoint: str | None = None,
         metadata: dict[str, Any] | None = None,
+        options: RunOptions | None = None,
+        prepare: Callable[[SessionRow | None], tuple[dict[str, Any] | None, RunOptions | None]]
+        | None = None,
         fork: SessionForkedPayload | None = None,
         model: str | None = None,
         agent: str | None = None,
@@ -161,16 +166,31 @@ class Runtime(Resource):
         session still had running is named as ``interrupted``: from here on its writes
         are refused (StaleWriterError), and this event records how it ended.
 
+        The run's ``metadata`` and ``options`` are recorded with it; ``prepare``, when
+        given, makes them instead from the session's row as the claim finds it (a run
+        that continues another restores what that one recorded): what it raises refuses
+        the claim, with nothing written.
+
         ``claim_after`` makes the claim conditional: it is written only right after that
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
         """
         for _ in range(8):
             row = await self._store.session(scope)
+            if fork is not None and row is not None:
+                raise InvalidIdError(f"fork target {scope.describe()} already exists")
+            if claim_after is not None and (row is None or row.last_seq != claim_after):
+                raise RunTakenError(
+                    f"{scope.describe()} moved on past seq {claim_after}: another process "
+                    "took the run first"
+                )
+            if prepare is not None:
+                metadata, options = prepare(row)
             started = RunStartedPayload(
                 mode=mode,
                 from_checkpoint=from_checkpoint,
                 metadata=metadata or {},
+                options=options,
                 model=model,
                 agent=agent,
                 lease_seconds=self.lease_seconds,
@@ -180,13 +200,6 @@ class Runtime(Resource):
                 if row is not None and row.status == "running"
                 else None,
             )
-            if fork is not None and row is not None:
-                raise InvalidIdError(f"fork target {scope.describe()} already exists")
-            if claim_after is not None and (row is None or row.last_seq != claim_after):
-                raise RunTakenError(
-                    f"{scope.describe()} moved on past seq {claim_after}: another process "
-                    "took the run first"
-                )
             writer = SessionWriter(
                 self,
                 scope,
@@ -229,8 +242,9 @@ class Runtime(Resource):
         Raises SessionNotFoundError for an unknown or erased session (of this user),
         SessionBusyError while a live run holds the session (retriable: send it again
         once the run waits), SignalRefusedError when no run is in flight (the session
-        finished, failed or is stuck), SerializationError for data that is not JSON
-        (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
+        finished, failed or is stuck) or when the run's wait for ``name`` already timed
+        out (its resumed wait raises SignalTimeoutError), SerializationError for data
+        that is not JSON (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
         """
         if not isinstance(name, str) or not name.strip() or len(name) > 200 or not _text(name):
             raise ValueError(
@@ -254,6 +268,19 @@ class Runtime(Resource):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "
                     f"(it is {row.status}); signals go to a run that waits, or that will"
+                )
+            waiting = row.waiting
+            if (
+                row.status == "waiting"
+                and waiting is not None
+                and waiting.signal == name
+                and waiting.until is not None
+                and utcnow() >= waiting.until
+            ):
+                raise SignalRefusedError(
+                    f"the wait of run {row.last_run_id} of {scope.describe()} for signal "
+                    f"{name!r} timed out at {waiting.until.isoformat()}; the run will see "
+                    "SignalTimeoutError when resumed, so the signal would answer nothing"
                 )
             if row.status == "running" and not abandoned(row, self.lease_seconds):
                 raise SessionBusyError(

@@ -251,6 +251,8 @@ class _Listener:
 class KafkaStore(EventStore):
     """Appends to the events topic; serves reads from the read model in PostgreSQL."""
 
+    sends_ahead = True
+
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings = Settings.resolve(settings)
         self.bootstrap = settings.kafka_bootstrap
@@ -280,7 +282,11 @@ class KafkaStore(EventStore):
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Create the topics if needed, start the producer and listen to the projector."""
+        """Create the topics if needed, start the producer and listen to the projector.
+
+        A start that fails releases what it had opened, the read model's pool too: a
+        caller often drops a store that could not start without closing it, and the
+        next start connects again."""
         if self._started:
             return
         async with self._start_lock:
@@ -293,6 +299,7 @@ class KafkaStore(EventStore):
                 await self._listener.start()
             except BaseException:
                 await self._release()
+                await self._reads.disconnect()
                 raise
             self._started = True
 

@@ -203,6 +203,11 @@ class PostgresStore(DatabaseStore):
         if self._closed:
             return
         self._closed = True
+        await self.disconnect()
+
+    async def disconnect(self) -> None:
+        """Close the pool but not the store: the next use connects again (for an owner
+        whose own start failed after this store had connected)."""
         async with self._opening:  # let an opening in flight finish, then close its pool
             pool, self._pool = self._pool, None
         if pool is not None:

@@ -54,6 +54,8 @@ class SqliteStore(DatabaseStore):
     its own savepoint, so a refused append fails alone): many concurrent sessions cost
     one commit per round instead of one each (see GroupCommit). Several stores (in one
     process or several) may share a file: WAL lets readers run beside the one writer.
+    Each round first checks that the path still names the file opened: one removed or
+    replaced under the store fails every write after with StoreFileReplacedError.
 
     ``create=False`` opens only a file that already is a loomflow store (for tools that
     inspect one): a missing file or another application's database raises StoreError
@@ -84,11 +86,25 @@ class SqliteStore(DatabaseStore):
         self._since_checkpoint = 0
         self._checkpointing: concurrent.futures.Future[None] | None = None
         self._writes = GroupCommit(self._commit, self._cache, self._commit_now)
+        #: the file opened, which each commit round checks the path still names
+        self._file: sql.OpenedFile | None = None
 
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():
             raise StoreError(f"directory {self.path.parent} does not exist for store {self.path}")
-        return sql.connect(self.path, self._busy_timeout_ms, create=self.create)
+        conn = sql.connect(self.path, self._busy_timeout_ms, create=self.create)
+        try:
+            self._file = sql.OpenedFile(self.path)
+        except OSError as exc:  # gone already, between the open and the stat
+            conn.close()
+            raise StoreError(f"the SQLite store {self.path}: cannot stat it: {exc}") from exc
+        return conn
+
+    def _verify(self) -> None:
+        """Refuse a commit into a file that the path no longer names (removed or replaced
+        under this store): one stat per commit round, inside its write transaction."""
+        if self._file is not None:
+            self._file.check()
 
     async def open(self) -> None:
         """Open (creating or migrating) the file now instead of on first use."""
@@ -117,7 +133,7 @@ class SqliteStore(DatabaseStore):
             self._direct = await self._call(_open_direct, self.path)
         outcomes = self._commit_now(batches)
         if outcomes is None:
-            outcomes = await self._call(sql.commit_round, batches)
+            outcomes = await self._call(sql.commit_round, batches, None, self._verify)
         return outcomes
 
     def _commit_now(self, batches: list[list[Event]]) -> Outcomes | None:
@@ -128,7 +144,7 @@ class SqliteStore(DatabaseStore):
         try:
             if self._direct is None:
                 return None
-            outcomes = sql.commit_round(self._direct, batches, self._known)
+            outcomes = sql.commit_round(self._direct, batches, self._known, self._verify)
         except sqlite3.OperationalError as exc:
             if sql.is_busy(exc):
                 return None
@@ -174,7 +190,7 @@ class SqliteStore(DatabaseStore):
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()
-        return PruneResult(*await self._call(sql.prune, match))
+        return PruneResult(*await self._call(sql.prune, match, self._verify))
 
     # -- reads -------------------------------------------------------------------------
 

@@ -43,6 +43,9 @@ class EventStore(Resource, ABC):
     #: an append returns or raises by itself within a bounded time (no server to wait
     #: for), so a writer need not arm a timer around each one (see writer.py: _within)
     appends_bounded: ClassVar[bool] = False
+    #: ``send`` returns before the log acknowledged the events (Kafka): the writer tells
+    #: a run's observers of them only once a later append or confirm acknowledged them
+    sends_ahead: ClassVar[bool] = False
 
     @abstractmethod
     async def append(self, events: Sequence[Event]) -> None:

@@ -87,7 +87,7 @@ class SessionWriter:
         self._unacked: list[Event] = []
         #: the events that claimed the session for this run (written by open_session)
         self.opened: list[Event] = []
-        #: told of each batch once the store took it (a run's ``emit``)
+        #: told of each batch once the log acknowledged it (a run's ``emit``)
         self.observer: Callable[[list[Event]], Awaitable[None]] | None = None
         # a run's loop and its heartbeat write through the same writer, one at a time
         self._lock = asyncio.Lock()
@@ -154,7 +154,7 @@ class SessionWriter:
     async def _write_alone(self, cls: type[E], payload: Any, *, durable: bool) -> E:
         give_up = asyncio.get_running_loop().time() + self.runtime.retry_seconds
         if self._in_doubt:
-            await _within(give_up, self._resolve_doubt())
+            await self._observe(await _within(give_up, self._resolve_doubt()))
         staged, self._staged = self._staged, []
         event = self.make(cls, payload)
         batch = [*staged, cast(Event, event)]
@@ -186,25 +186,22 @@ class SessionWriter:
                         else "the run goes on without the checkpoint",
                     )
                 failures += 1
-                await self._recover(give_up)
-            landed = [e for e in batch if e.seq < self.next_seq]
-            if landed and self.observer is not None:
-                await self.observer(landed)  # appended after all: observers hear of them too
+                # observers hear of what landed after all (outside the timers)
+                await self._observe(await self._recover(give_up))
             if self.next_seq > event.seq:
                 return event  # it landed after all
             # what did not land is written again; a staged checkpoint is left out
             event = self.make(cls, payload)
             batch = [cast(Event, event)]
 
-    async def _recover(self, give_up: float) -> None:
+    async def _recover(self, give_up: float) -> list[Event]:
         """Learn what the failed write left in the log, waiting (with backoff) while the
-        store is briefly away, until ``give_up``."""
+        store is briefly away, until ``give_up``; return the events that landed."""
         loop = asyncio.get_running_loop()
         delay = 0.05
         while True:
             try:
-                await _within(give_up, self._resolve_doubt())
-                return
+                return await _within(give_up, self._resolve_doubt())
             except InvalidEventError:
                 raise
             except Exception as exc:
@@ -228,11 +225,20 @@ class SessionWriter:
             self._in_doubt = [*self._unacked, *batch]
             self._unacked = []
             raise
-        self._unacked = [] if durable else [*self._unacked, *batch]
-        if self.observer is not None:
-            await self.observer(batch)
+        if durable or not store.sends_ahead:
+            acknowledged, self._unacked = [*self._unacked, *batch], []
+            await self._observe(acknowledged)
+        else:
+            self._unacked = [*self._unacked, *batch]
 
-    async def _resolve_doubt(self) -> None:
+    async def _observe(self, events: list[Event]) -> None:
+        """Tell the run's observer of events the log acknowledged (never of events only
+        handed to it: a crash could still lose those)."""
+        if events and self.observer is not None:
+            await self.observer(events)
+
+    async def _resolve_doubt(self) -> list[Event]:
+        """Learn how many of the events in doubt landed; return those."""
         batch = self._in_doubt
         row = await self.runtime.store.session(self.scope)  # raises while the store is away
         landed = row.last_seq if row is not None else 0
@@ -246,6 +252,7 @@ class SessionWriter:
                 self.next_seq,
             )
         self._in_doubt = []
+        return [e for e in batch if e.seq < self.next_seq]
 
     async def confirm(self) -> None:
         """Wait until the read model holds this run's events; raise any refusal of them."""
@@ -263,4 +270,5 @@ class SessionWriter:
         except BaseException:
             self._in_doubt, self._unacked = [*self._unacked], []
             raise
-        self._unacked = []
+        acknowledged, self._unacked = self._unacked, []
+        await self._observe(acknowledged)

@@ -31,12 +31,15 @@ __all__ = [
     "RunFailed",
     "RunFinished",
     "RunHeartbeat",
+    "RunOptions",
     "RunStarted",
     "RunWaiting",
+    "SchemaRef",
     "SessionErased",
     "SessionForked",
     "SignalSent",
     "StepRecorded",
+    "ToolRef",
     "TranscriptCompacted",
     "TurnAppended",
     "event_adapter",
@@ -81,11 +84,49 @@ def _optional(**constraints: Any) -> Any:
     return Field(default=None, exclude_if=_unset, **constraints)
 
 
+class ToolRef(BaseModel):
+    """An extra tool a run was given: its name and the hash of its input schema (what the
+    model is told it takes), which a process continuing the run must host unchanged."""
+
+    model_config = _FROZEN
+    name: str = Field(min_length=1, max_length=64)
+    schema_hash: str = Field(min_length=1, max_length=64)
+
+
+class SchemaRef(BaseModel):
+    """A run's output schema: the model class's name, the hash of its JSON Schema, and
+    the JSON Schema itself (so a reader of the log sees what the answer had to be)."""
+
+    model_config = _FROZEN
+    name: str = Field(min_length=1, max_length=200)
+    schema_hash: str = Field(min_length=1, max_length=64)
+    json_schema: dict[str, Any]
+
+
+class RunOptions(BaseModel):
+    """What a run was asked beyond its prompt and metadata: every option of ``run()``
+    that changes what the run does. Every way the run continues (a resume, a worker's
+    take-over, a signal, a fork) restores them from here; the options that are code
+    (tools, the schema class) are resolved by name and hash from what the continuing
+    process hosts."""
+
+    model_config = _FROZEN
+    extra_tools: tuple[ToolRef, ...] = ()
+    output_schema: SchemaRef | None = None
+    output_validation_retries: int = Field(default=1, ge=0)
+    effort: str | None = None
+    #: the keywords given explicitly to the ``resume()`` that started this run, which
+    #: replaced the ones its predecessor recorded
+    replaced: tuple[str, ...] = ()
+
+
 class RunStartedPayload(BaseModel):
     model_config = _FROZEN
     mode: Literal["run", "resume", "fork"] = "run"
     from_checkpoint: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    #: the run's options (None in events from before they were kept: the defaults)
+    options: RunOptions | None = _optional()
     #: the name of the model the run's agent calls (None in events from before it was kept)
     model: str | None = _optional()
     #: the name of the agent whose run it is, so that a process hosting that agent can

@@ -15,6 +15,7 @@ from loomflow import (
     Message,
     OutputValidationError,
     RunContext,
+    RunOptionsError,
     RunResult,
     SessionState,
     TextDelta,
@@ -70,6 +71,32 @@ class _Seen:
 
     def hook(self, state: SessionState) -> None:
         self.contexts.append(("hook", get_run_context()))
+
+
+#: two lookups, an answer the schema refuses, the answer
+_TWO_LOOKUPS: list[str | Message] = [
+    ScriptedModel.tool_call("lookup", city="Oslo"),
+    ScriptedModel.tool_call("lookup", city="Bergen"),
+    "Oslo, roughly 709k",
+    OSLO,
+]
+
+
+def _crashing(
+    runtime: Runtime, replies: Sequence[str | Message], crash_at: int | None, **agent: Any
+) -> Agent:
+    """An agent whose model dies at its ``crash_at``-th call (None: never), as a process
+    killed there would."""
+    model = CrashingModel(ScriptedModel(list(replies)), crash_at)
+    return Agent("x", model=model, runtime=runtime, tuning=Tuning(checkpoint=True), **agent)
+
+
+async def runtime_events(runtime: Runtime, scope: Scope) -> list[Event]:
+    """The session's events, read through ``runtime`` (which is then closed)."""
+    try:
+        return await runtime.store.read_events(scope)
+    finally:
+        await runtime.close()
 
 
 def _city_agent(runtime: Runtime, replies: Sequence[str | Message], **agent: Any) -> Agent:
@@ -301,3 +328,183 @@ class RunKeywords:
         assert isinstance(model, CrashingModel)
         assert model.inner.options[-1] is not None
         assert model.inner.options[-1].output_schema == City.model_json_schema()
+
+    # --- what a resume restores -----------------------------------------------------------
+
+    async def test_a_resume_without_keywords_is_given_what_the_run_recorded(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        # killed before its second lookup; resumed by another Agent (another process),
+        # with no keywords at all: the run goes on with its metadata, tool, schema,
+        # retries and effort, the tools and schema found among what that Agent hosts
+        seen = _Seen()
+        given: dict[str, Any] = {
+            "context": RunContext(user_id="u1", metadata={"tenant": "acme"}),
+            "extra_tools": [seen.lookup],
+            "output_schema": City,
+            "output_validation_retries": 2,
+            "effort": "high",
+        }
+        replies = [*_TWO_LOOKUPS[:3], "Oslo: 709000", OSLO]  # two answers refused
+        with pytest.raises(SimulatedCrash):
+            await _crashing(new_runtime(), replies, 2).run("Which city?", **given, session_id="s1")
+        again = _crashing(
+            new_runtime(), replies, None, extra_tools=[seen.lookup], output_schemas=[City]
+        )
+        result = await again.resume(session_id="s1", user_id="u1")
+        assert result.parsed == City(name="Oslo", population=709000)
+        # the lookup of the resumed run saw the recorded context
+        assert [(c.user_id, dict(c.metadata)) for _, c in seen.contexts] == [
+            ("u1", {"tenant": "acme"}),
+            ("u1", {"tenant": "acme"}),
+        ]
+        model = again.model
+        assert isinstance(model, CrashingModel)
+        options = model.inner.options[0]
+        assert options is not None and options.effort is Effort.HIGH
+        assert options.output_schema == City.model_json_schema()
+        # two invalid answers were asked again: the recorded two retries, not the default one
+        assert sum("not valid City JSON" in m.content for m in model.inner.calls[-1]) == 2
+        events = await runtime_events(new_runtime(), Scope("s1", "u1"))
+        first, resumed = [e for e in events if isinstance(e, RunStarted)]
+        assert resumed.payload.options == first.payload.options
+        assert resumed.payload.options is not None and resumed.payload.options.replaced == ()
+        assert [t.name for t in resumed.payload.options.extra_tools] == ["lookup"]
+        assert resumed.payload.metadata == {"tenant": "acme"}
+
+    async def test_a_resume_that_cannot_give_a_recorded_option_writes_nothing(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        seen = _Seen()
+        given: dict[str, Any] = {
+            "context": RunContext(user_id="u1", metadata={"tenant": "acme"}),
+            "extra_tools": [seen.lookup],
+            "output_schema": City,
+        }
+        with pytest.raises(SimulatedCrash):
+            await _crashing(new_runtime(), _TWO_LOOKUPS, 2).run(
+                "Which city?", **given, session_id="s1"
+            )
+        before = await runtime_events(new_runtime(), Scope("s1", "u1"))
+        bare = _crashing(new_runtime(), _TWO_LOOKUPS, None)
+        with pytest.raises(RunOptionsError) as caught:
+            await bare.resume(session_id="s1", user_id="u1")
+        assert any("'lookup'" in m for m in caught.value.missing), caught.value.missing
+        assert any("'City'" in m for m in caught.value.missing), caught.value.missing
+        assert "s1" in str(caught.value) and "extra_tools" in str(caught.value)
+
+        class Town(BaseModel):  # another class of the same name: a schema that changed
+            name: str
+
+        Town.__name__ = "City"
+        changed = _crashing(
+            new_runtime(), _TWO_LOOKUPS, None, extra_tools=[seen.lookup], output_schemas=[Town]
+        )
+        with pytest.raises(RunOptionsError, match="output schema 'City' as it was"):
+            await changed.resume(session_id="s1", user_id="u1")
+        after = await runtime_events(new_runtime(), Scope("s1", "u1"))
+        assert [e.event_id for e in after] == [e.event_id for e in before]  # nothing written
+        assert seen.lookups == 1
+        # explicit keywords replace what cannot be given, and the new run says so
+        fixed = _crashing(new_runtime(), _TWO_LOOKUPS, None)
+        result = await fixed.resume(
+            session_id="s1", user_id="u1", extra_tools=[seen.lookup], output_schema=City
+        )
+        assert result.parsed == City(name="Oslo", population=709000) and seen.lookups == 2
+        resumed = [e for e in await runtime_events(new_runtime(), Scope("s1", "u1"))][len(after)]
+        assert isinstance(resumed, RunStarted) and resumed.payload.options is not None
+        assert resumed.payload.options.replaced == ()  # the same tool and schema: no change
+        assert resumed.payload.metadata == {"tenant": "acme"}  # not given: as recorded
+
+    async def test_keywords_given_to_resume_replace_the_recorded_ones_and_say_so(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        seen = _Seen()
+        with pytest.raises(SimulatedCrash):
+            await _crashing(new_runtime(), _TWO_LOOKUPS, 2).run(
+                "Which city?",
+                session_id="s1",
+                context=RunContext(user_id="u1", metadata={"tenant": "acme"}),
+                extra_tools=[seen.lookup],
+                output_schema=City,
+            )
+        again = _crashing(new_runtime(), _TWO_LOOKUPS, None, output_schemas=[City])
+        result = await again.resume(
+            session_id="s1",
+            context=RunContext(user_id="u1", metadata={"tenant": "globex"}),
+            extra_tools=[seen.lookup],
+            output_validation_retries=3,
+        )
+        assert result.parsed == City(name="Oslo", population=709000)
+        # the tool the resume gave saw the context the resume gave
+        assert dict(seen.contexts[-1][1].metadata) == {"tenant": "globex"}
+        resumed = [
+            e
+            for e in await runtime_events(new_runtime(), Scope("s1", "u1"))
+            if isinstance(e, RunStarted)
+        ][-1]
+        assert resumed.payload.metadata == {"tenant": "globex"}
+        assert resumed.payload.options is not None
+        assert resumed.payload.options.replaced == ("metadata", "output_validation_retries")
+        assert resumed.payload.options.output_schema is not None  # recorded, still given
+
+    async def test_emit_and_stream_follow_a_resumed_run(self, new_runtime: Opened[Runtime]) -> None:
+        seen = _Seen()
+        with pytest.raises(SimulatedCrash):
+            await _crashing(new_runtime(), _TWO_LOOKUPS, 2).run(
+                "Which city?", session_id="s1", extra_tools=[seen.lookup], output_schema=City
+            )
+        items: list[object] = []
+
+        async def emit(item: object) -> None:
+            items.append(item)
+
+        agent = _crashing(
+            new_runtime(),
+            [*_TWO_LOOKUPS, OSLO],
+            None,
+            extra_tools=[seen.lookup],
+            output_schemas=[City],
+        )
+        result = await agent.resume(session_id="s1", emit=emit)
+        logged = await _events_of(new_runtime(), result, None)
+        heard = [i for i in items if isinstance(i, EventBase)]
+        assert [e.event_id for e in heard] == [e.event_id for e in logged]
+        assert logged[-1].type == "run.finished"
+        assert "".join(i.text for i in items if isinstance(i, TextDelta)).endswith(OSLO)
+        # the same through stream_resume, on a session resumed once more
+        streamed = [item async for item in agent.stream_resume("And again?", session_id="s1")]
+        final = streamed[-1]
+        assert isinstance(final, RunResult) and final.parsed is not None
+        logged = await _events_of(new_runtime(), final, None)
+        heard = [i for i in streamed[:-1] if isinstance(i, EventBase)]
+        assert [e.event_id for e in heard] == [e.event_id for e in logged]
+
+    async def test_a_fork_is_given_the_options_of_the_run_it_forks(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        seen = _Seen()
+        replies: list[str | Message] = [OSLO, ScriptedModel.tool_call("lookup", city="Oslo"), OSLO]
+        first = await _crashing(new_runtime(), replies, None).run(
+            "Which city?",
+            session_id="s1",
+            context=RunContext(user_id="u1", metadata={"tenant": "acme"}),
+            extra_tools=[seen.lookup],
+            output_schema=City,
+        )
+        agent = _crashing(
+            new_runtime(), replies, None, extra_tools=[seen.lookup], output_schemas=[City]
+        )
+        await agent.resume("Once more?", session_id="s1", user_id="u1")
+        older = (await agent.list_checkpoints("s1", user_id="u1"))[-1]
+        fork = await agent.resume(
+            "Look it up.", session_id="s1", user_id="u1", from_checkpoint=older.checkpoint_id
+        )
+        assert fork.session_id != first.session_id and fork.parsed is not None
+        assert dict(seen.contexts[-1][1].metadata) == {"tenant": "acme"}  # the fork's lookup
+        started = [
+            e
+            for e in await runtime_events(new_runtime(), Scope(fork.session_id, "u1"))
+            if isinstance(e, RunStarted)
+        ]
+        assert [t.name for t in started[0].payload.options.extra_tools] == ["lookup"]  # type: ignore[union-attr]

@@ -36,6 +36,8 @@ from loomflow.errors import (
     SerializationError,
     SessionErasedError,
     SessionNotFoundError,
+    SignalRefusedError,
+    SignalTimeoutError,
     StaleWriterError,
     StoreUnavailableError,
     UnsafeDeserializationError,
@@ -46,11 +48,13 @@ from loomflow.schemas import (
     CheckpointWritten,
     Event,
     EventBase,
+    SignalSent,
     StepRecorded,
     ToolCall,
     TurnAppended,
+    utcnow,
 )
-from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas.events import SignalSentPayload, TurnAppendedPayload
 from loomflow.testing._support import Opened, Suite, opened_fixture, required_fixture
 from loomflow.testing.keywords import RunKeywords
 from loomflow.testing.scenario import (
@@ -1007,6 +1011,44 @@ class RuntimeConformance(RunKeywords, Suite):
                 await runtime.signal(scope, "approve", {"ok": True})
         assert await runtime.store.session(Scope("pay", "ada")) == before
 
+    async def test_a_signal_after_its_wait_timed_out_is_refused_and_the_run_times_out(
+        self, new_runtime: Opened[Runtime], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from loomflow.agent.worker import Worker
+
+        seen: list[object] = []
+        await _waited_an_hour_ago(_patient(new_runtime(), seen), monkeypatch)
+        runtime = new_runtime()
+        before = await runtime.store.session(Scope("pay"))
+        with pytest.raises(SignalRefusedError, match=r"timed out at .*SignalTimeoutError"):
+            await runtime.signal(Scope("pay"), "approve", {"ok": True})
+        assert await runtime.store.session(Scope("pay")) == before  # nothing was appended
+        worker = Worker([_patient(new_runtime(), seen)])
+        await asyncio.gather(*await worker.scan())
+        assert [(o.reason, o.outcome) for o in worker.done] == [("timed out", "finished")]
+        assert seen == ["timed out"]
+
+    async def test_a_signal_the_log_records_past_the_deadline_waits_for_a_later_wait(
+        self, new_runtime: Opened[Runtime], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from loomflow.agent.worker import Worker
+
+        seen: list[object] = []
+        await _waited_an_hour_ago(_patient(new_runtime(), seen, again=True), monkeypatch)
+        runtime = new_runtime()
+        # as when a send checked the wait just before its deadline and appended just after
+        late = SignalSentPayload(name="approve", data={"ok": True})
+        await runtime.store.append_admin(Scope("pay"), SignalSent, late, claim=True)
+        row = await runtime.store.session(Scope("pay"))
+        assert row is not None and row.status == "waiting"  # not signalled: it came too late
+        assert [s.name for s in row.inbox] == ["approve"]
+        worker = Worker([_patient(new_runtime(), seen, again=True)])
+        await asyncio.gather(*await worker.scan())
+        assert [(o.reason, o.outcome) for o in worker.done] == [("timed out", "finished")]
+        assert seen == ["timed out", {"ok": True}]  # the expired wait, then the next one
+        row = await new_runtime().store.session(Scope("pay"))
+        assert row is not None and row.status == "finished" and row.inbox == ()
+
     async def test_of_two_claims_after_the_same_seq_exactly_one_wins(
         self, new_runtime: Opened[Runtime]
     ) -> None:
@@ -1024,6 +1066,13 @@ class RuntimeConformance(RunKeywords, Suite):
         assert len(lost) == 1, outcomes
         after = await new_runtime().store.session(Scope("s1"))
         assert after is not None and after.epoch == row.epoch + 1 and after.attempts == 1
+        # a claim after the same seq that comes once the session has moved past it loses
+        # too, though the seq after the winner's claim is free for it to write at
+        with pytest.raises(RunTakenError):
+            await new_runtime().open_session(
+                Scope("s1"), run_id=new_id("run"), claim_after=row.last_seq, worker="w-late"
+            )
+        assert await new_runtime().store.session(Scope("s1")) == after  # it wrote nothing
 
 
 def _approval(runtime: Runtime, seen: list[object]) -> Agent:
@@ -1037,3 +1086,35 @@ def _approval(runtime: Runtime, seen: list[object]) -> Agent:
 
     model = ScriptedModel([ScriptedModel.tool_call("approve", amount=5), "Paid."])
     return Agent("You pay.", model=model, runtime=runtime, tools=[approve])
+
+
+def _patient(runtime: Runtime, seen: list[object], *, again: bool = False) -> Agent:
+    """An agent whose tool waits a minute for the signal "approve"; ``again``: once that
+    wait timed out, it waits for "approve" once more, with no deadline."""
+
+    async def approve(amount: int) -> str:
+        """Ask a person to approve a payment within a minute."""
+        try:
+            answer = await wait_for_signal("approve", timeout=60)
+        except SignalTimeoutError:
+            seen.append("timed out")
+            if not again:
+                raise
+            answer = await wait_for_signal("approve")
+        seen.append(answer)
+        return f"approved: {answer}"
+
+    model = ScriptedModel([ScriptedModel.tool_call("approve", amount=5), "Paid."])
+    return Agent("You pay.", model=model, runtime=runtime, tools=[approve])
+
+
+async def _waited_an_hour_ago(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``agent`` on session "pay" until it waits, with the clock of its waits an
+    hour behind: the minute its wait allows has passed when the run returns, and the
+    test need not sleep through it."""
+    from loomflow.agent import signals
+
+    with monkeypatch.context() as patch:
+        patch.setattr(signals, "utcnow", lambda: utcnow() - timedelta(hours=1))
+        result = await agent.run("Pay.", session_id="pay")
+    assert (result.stop_reason, result.waiting_for) == ("waiting", "approve")

@@ -29,6 +29,7 @@ from loomflow import (
 )
 from loomflow.agent.worker import Worker
 from loomflow.models.scripted import ScriptedModel
+from loomflow.projections.fold import SessionRow
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.runtime.base import abandoned
 from tests.support.scenario import Research
@@ -136,41 +137,107 @@ async def _abandoned_row(runtime: SqliteRuntime, session: str) -> Any:
     return row if row is not None and abandoned(row) else None
 
 
-async def test_two_workers_racing_for_one_abandoned_run_resume_it_once(tmp_path: Path) -> None:
+async def test_two_workers_racing_for_one_abandoned_run_resume_it_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     db = tmp_path / "journal.db"
     await _abandoned_run(db, "s1")
+    seen = await _row(db, "s1")
     researches = [Research(passes=2) for _ in range(2)]
     runtimes = [SqliteRuntime(db) for _ in range(2)]
-    workers = [Worker([r.agent(rt)]) for r, rt in zip(researches, runtimes, strict=True)]
-    # both look at once, and both see the same abandoned run
+    agents = [r.agent(rt) for r, rt in zip(researches, runtimes, strict=True)]
+    workers = [Worker([agent]) for agent in agents]
+    # Both see the same abandoned run and both claim it; the second claims once the
+    # first's claim is in the log, while the first waits for its model, so the seq the
+    # second saw the session end at is behind and nothing else is being written. A claim
+    # made then would collide with no seq of the winner's: only the claim's own check
+    # (the session moved on) keeps the second worker from taking the run over again.
+    take_over = [agent.take_over for agent in agents]
+    saw = [asyncio.Event(), asyncio.Event()]
+    decided = asyncio.Event()  # the second worker's claim won or lost
+
+    async def first_claim(*args: Any, **kwargs: Any) -> Any:
+        saw[0].set()  # this worker read the session as abandoned
+        await asyncio.wait_for(saw[1].wait(), 30)
+        return await take_over[0](*args, **kwargs)
+
+    async def second_claim(*args: Any, **kwargs: Any) -> Any:
+        saw[1].set()
+        await asyncio.wait_for(saw[0].wait(), 30)
+        await eventually(
+            lambda: _claimed_after(runtimes[1], seen.epoch), what="the first worker's claim"
+        )
+        try:
+            return await take_over[1](*args, **kwargs)
+        finally:
+            decided.set()
+
+    first_model = researches[0].models[-1]
+    complete = first_model.complete
+
+    async def waits_for_the_second_claim(*args: Any, **kwargs: Any) -> Any:
+        await asyncio.wait_for(decided.wait(), 60)
+        return await complete(*args, **kwargs)
+
+    monkeypatch.setattr(agents[0], "take_over", first_claim)
+    monkeypatch.setattr(agents[1], "take_over", second_claim)
+    monkeypatch.setattr(first_model, "complete", waits_for_the_second_claim)
     tasks = [t for found in await asyncio.gather(*(w.scan() for w in workers)) for t in found]
+    assert len(tasks) == 2, "each worker should have seen the abandoned run"
     await asyncio.gather(*tasks)
-    outcomes = sorted(o.outcome for w in workers for o in w.done)
+    outcomes = [[o.outcome for o in w.done] for w in workers]
     for runtime in runtimes:
         await runtime.close()
-    assert outcomes.count("finished") == 1, outcomes
-    assert set(outcomes) <= {"finished", "taken"}
-    model_calls = [len(r.models[-1].inner.calls) for r in researches]
-    assert sorted(model_calls)[0] == 0  # the loser called no model at all
-    assert await _status(db, "s1") == "finished"
+    assert outcomes == [["finished"], ["taken"]], outcomes
+    assert len(researches[1].models[-1].inner.calls) == 0  # the loser called no model at all
+    row = await _row(db, "s1")
+    assert row.status == "finished" and row.epoch == seen.epoch + 1  # claimed once
+
+
+async def _row(db: Path, session: str) -> SessionRow:
+    runtime = SqliteRuntime(db)
+    try:
+        row = await runtime.store.session(Scope(session))
+    finally:
+        await runtime.close()
+    assert row is not None, f"no session {session}"
+    return row
+
+
+async def _claimed_after(runtime: SqliteRuntime, epoch: int) -> bool:
+    row = await runtime.store.session(Scope("s1"))
+    return row is not None and row.epoch > epoch
 
 
 async def test_a_claim_after_a_seq_that_moved_on_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "journal.db"
     last = await _abandoned_run(db, "s1")
-    agents = [Research(passes=2).agent(SqliteRuntime(db)) for _ in range(2)]
-    results = await asyncio.gather(
-        *(
-            a.take_over("s1", user_id=None, after_seq=last, worker=f"w{n}")
-            for n, a in enumerate(agents)
-        ),
-        return_exceptions=True,
-    )
-    for agent in agents:
-        await agent.runtime.close()
+    researches = [Research(passes=2) for _ in range(3)]
+    agents = [r.agent(SqliteRuntime(db)) for r in researches]
+    try:
+        # two claims after the seq the session ends at, at once: one of them wins
+        results = await asyncio.gather(
+            *(
+                a.take_over("s1", user_id=None, after_seq=last, worker=f"w{n}")
+                for n, a in enumerate(agents[:2])
+            ),
+            return_exceptions=True,
+        )
+        finished = await agents[2].runtime.store.session(Scope("s1"))
+        # a third after the same seq, now that the session has moved on past it: refused,
+        # though the seq after the session's end is free for it to write at
+        with pytest.raises(RunTakenError):
+            await agents[2].take_over("s1", user_id=None, after_seq=last, worker="w2")
+        after = await agents[2].runtime.store.session(Scope("s1"))
+    finally:
+        for agent in agents:
+            await agent.runtime.close()
     taken = [r for r in results if isinstance(r, RunTakenError)]
     done = [r for r in results if not isinstance(r, BaseException)]
     assert len(taken) == 1 and len(done) == 1, results
+    assert finished is not None and finished.status == "finished" and finished.last_seq > last
+    assert after == finished  # the refused claim wrote nothing
+    assert len(researches[2].models[-1].inner.calls) == 0  # nor called the model
 
 
 async def test_a_worker_leaves_runs_of_agents_it_does_not_host(

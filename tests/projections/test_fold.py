@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from loomflow.errors import (
@@ -24,8 +26,10 @@ from loomflow.schemas import (
     Event,
     Message,
     RunStarted,
+    RunWaiting,
     SessionErased,
     SessionForked,
+    SignalSent,
     TranscriptCompacted,
     TurnAppended,
     Usage,
@@ -158,3 +162,26 @@ def test_a_fork_starts_from_its_copied_transcript_and_lineage() -> None:
     assert row.turns == 4 and row.message_count == 3 and row.usage == U + U
     with pytest.raises(InvalidEventError, match="first event"):
         run([started(), forked.model_copy(update={"seq": 2})])
+
+
+def test_a_signal_recorded_past_the_deadline_does_not_answer_the_wait() -> None:
+    until = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    waits = RunWaiting(
+        session_id="s",
+        run_id="r",
+        seq=2,
+        epoch=1,
+        payload={"signal": "approve", "step_key": "tool:1:signal:approve", "until": until},
+    )
+
+    def sent(at: datetime) -> SignalSent:
+        payload = {"name": "approve", "data": {"ok": True}}
+        return SignalSent(session_id="s", run_id="x", seq=3, epoch=2, at=at, payload=payload)
+
+    in_time, _ = run([started(), waits, sent(until - timedelta(microseconds=1))])
+    assert in_time.status == "signalled"
+    for late in (until, until + timedelta(seconds=1)):
+        row, _ = run([started(), waits, sent(late)])
+        # the wait times out (a worker takes it as such); the signal stays in the inbox,
+        # where a later wait of that name may receive it
+        assert row.status == "waiting" and [s.name for s in row.inbox] == ["approve"]

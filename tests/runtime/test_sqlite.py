@@ -3,19 +3,29 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import re
 import sqlite3
 import subprocess
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from loomflow import Message
-from loomflow.errors import CorruptRecordError, StaleWriterError, StoreError
+from loomflow import Agent, Message, Tuning
+from loomflow.errors import (
+    CorruptRecordError,
+    StaleWriterError,
+    StoreError,
+    StoreFileReplacedError,
+)
+from loomflow.models import ScriptedModel
+from loomflow.projections import sqlite as sql
 from loomflow.runtime import Scope, SqliteRuntime, SqliteStore
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
@@ -200,6 +210,68 @@ async def test_a_closed_store_refuses_appends(tmp_path: Path) -> None:
         await runtime.store.append([turn])
 
 
+def _unlink_store(db: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        db.with_name(db.name + suffix).unlink(missing_ok=True)
+
+
+def _tidying(runtime: SqliteRuntime, tidy: Callable[[], None]) -> Agent:
+    """A checkpointing agent whose one tool call runs ``tidy`` (what a cleanup job or a
+    person does to the store's file while the run writes)."""
+
+    def clean_up() -> str:
+        """Clean up the disk."""
+        tidy()
+        return "cleaned"
+
+    model = ScriptedModel([ScriptedModel.tool_call("clean_up"), "Done."])
+    return Agent(
+        "You tidy.", model=model, runtime=runtime, tools=[clean_up], tuning=Tuning(checkpoint=True)
+    )
+
+
+async def test_a_store_file_removed_mid_run_fails_the_run_and_every_write_after(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    runtime = SqliteRuntime(db)
+    agent = _tidying(runtime, lambda: _unlink_store(db))
+    with pytest.raises(StoreFileReplacedError, match=f"{re.escape(str(db))} was removed"):
+        await agent.run("Tidy up.", session_id="s1")
+    with pytest.raises(StoreFileReplacedError, match="was removed"):
+        await agent.run("Go on.", session_id="s2")  # the next claim
+    await runtime.close()
+    assert not db.exists()  # nothing made a new file there either
+
+
+async def test_a_store_file_replaced_mid_run_fails_the_run_and_leaves_the_new_file_alone(
+    tmp_path: Path,
+) -> None:
+    db, backup = tmp_path / "journal.db", tmp_path / "backup.db"
+    runtime = SqliteRuntime(db)
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s0")
+    with (
+        contextlib.closing(sqlite3.connect(db)) as source,
+        contextlib.closing(sqlite3.connect(backup)) as copy,
+    ):
+        source.backup(copy)  # the store as it is now, put back mid-run below
+
+    def restore() -> None:
+        _unlink_store(db)
+        backup.rename(db)
+
+    with pytest.raises(StoreFileReplacedError, match=f"{re.escape(str(db))} was replaced"):
+        await _tidying(runtime, restore).run("Tidy up.", session_id="s1")
+    with pytest.raises(StoreFileReplacedError, match="was replaced"):
+        await runtime.store.erase("s0")  # the next write
+    await runtime.close()
+    reopened = SqliteRuntime(db)
+    assert await reopened.store.session(Scope("s1")) is None  # not written into the backup
+    row = await reopened.store.session(Scope("s0"))
+    await reopened.close()
+    assert row is not None and row.status == "finished"
+
+
 async def test_processes_opening_one_new_file_at_once_all_get_it(tmp_path: Path) -> None:
     # SQLite does not wait for a journal mode change: before the store tried again, two
     # runtimes opening a new file together could fail with "database is locked"
@@ -239,6 +311,35 @@ async def test_an_append_while_another_connection_writes_waits_for_it(tmp_path: 
     await append
     other.close()
     assert [e.seq for e in await store.read_events(scope)] == [1, 2]
+    await store.close()
+
+
+async def test_an_append_waiting_for_the_lock_of_a_file_removed_meanwhile_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the round that waits on the store's thread checks the file once it holds the lock
+    db = tmp_path / "journal.db"
+    store = SqliteStore(db)
+    scope = Scope("s1")
+    await store.append([_turn(scope, 1)])
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    on_thread = asyncio.Event()
+    call = store._call
+
+    async def seen(fn: Callable[..., object], *args: object) -> object:
+        if fn is sql.commit_round:
+            on_thread.set()
+        return await call(fn, *args)
+
+    monkeypatch.setattr(store, "_call", seen)
+    append = asyncio.create_task(store.append([_turn(scope, 2)]))
+    await asyncio.wait_for(on_thread.wait(), 30)  # the file is busy: it waits there
+    _unlink_store(db)
+    other.execute("ROLLBACK")
+    other.close()
+    with pytest.raises(StoreFileReplacedError, match="was removed"):
+        await append
     await store.close()
 
 

@@ -6,7 +6,7 @@ or on ``KafkaRuntime()`` / ``PostgresRuntime()`` configured by the LOOMFLOW_* va
 alone, as a user's process would be. Every model and tool call is appended to LOG as a
 line (``model <assistant messages in request>`` or ``tool <name>:<arg>``) before it
 runs, and every event the runtime acknowledged as ``event <seq> <event_id> <type>``
-(``prompt`` for the user's input) once it has. With ``--hang-at N`` the N-th model
+once it has (``emit`` hears of an event only then). With ``--hang-at N`` the N-th model
 call prints ``HANGING`` and never returns.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from loomflow import Agent, Message, Role
 from loomflow.runtime import KafkaRuntime, PostgresRuntime, Runtime, SqliteRuntime
-from loomflow.schemas import EventBase, TurnAppended
+from loomflow.schemas import EventBase
 from tests.support.scenario import Research
 
 
@@ -96,23 +96,11 @@ async def main(argv: Sequence[str]) -> int:
 
     async def acknowledged(item: object) -> None:
         if isinstance(item, EventBase):
-            _log(args.log, f"event {item.seq} {item.event_id} {_kind(item)}")
+            _log(args.log, f"event {item.seq} {item.event_id} {getattr(item, 'type', '?')}")
 
     result = await agent.run("Research.", session_id=args.session, emit=acknowledged)
     print(result.model_dump_json(), flush=True)
     return 0
-
-
-def _kind(event: EventBase) -> str:
-    """The event's type, or ``prompt`` for the user's input (sent without waiting, where
-    the runtime can)."""
-    if (
-        isinstance(event, TurnAppended)
-        and not event.payload.model_call
-        and all(m.role.value == "user" for m in event.payload.messages)
-    ):
-        return "prompt"
-    return str(getattr(event, "type", type(event).__name__))
 
 
 if __name__ == "__main__":

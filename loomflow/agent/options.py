@@ -1,0 +1,120 @@
+"""A run's options in the log: what ``run()`` was given, recorded in its ``run.started``,
+and resolved again, by name and hash, in whatever process continues the run.
+
+Options that are data (metadata, retries, effort) are restored as recorded. Options that
+are code (extra tools, the output schema class) are recorded by name and the hash of
+their schema, and a continuing process must host the same ones (``Agent(extra_tools=...,
+output_schemas=...)``): a run is never finished with a tool missing or an answer
+validated against another schema.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from loomflow.agent.tools import Tool
+from loomflow.errors import RunOptionsError
+from loomflow.schemas import SchemaRef, ToolRef
+from loomflow.schemas.codec import input_hash
+
+__all__ = ["RECORDED_KEYWORDS", "Hosted", "schema_ref", "tool_ref"]
+
+#: the keywords of run() recorded in run.started (``context`` records its metadata)
+RECORDED_KEYWORDS = (
+    "metadata",
+    "extra_tools",
+    "output_schema",
+    "output_validation_retries",
+    "effort",
+)
+
+
+def tool_ref(tool: Tool) -> ToolRef:
+    """A tool as a run records it: its name and the hash of the input schema the model
+    is shown (its description may change; what it takes may not)."""
+    return ToolRef(name=tool.name, schema_hash=input_hash(tool.spec.input_schema)[:16])
+
+
+@functools.cache
+def schema_ref(schema: type[BaseModel]) -> SchemaRef:
+    """An output schema as a run records it: the class's name, its JSON Schema and the
+    schema's hash (once per class: a JSON Schema costs about a millisecond)."""
+    json_schema = schema.model_json_schema()
+    return SchemaRef(
+        name=schema.__name__, schema_hash=input_hash(json_schema)[:16], json_schema=json_schema
+    )
+
+
+@dataclass(frozen=True)
+class Hosted:
+    """What an Agent can give a run that asks for it by name: the extra tools and output
+    schemas it hosts, besides its own tools and default schema."""
+
+    tools: dict[str, Tool]
+    schemas: tuple[type[BaseModel], ...]
+
+    @classmethod
+    def of(cls, tools: Iterable[Tool], schemas: Sequence[object] | None) -> Hosted:
+        if schemas is not None and (isinstance(schemas, str) or not isinstance(schemas, Sequence)):
+            raise TypeError("output_schemas must be a list of pydantic model classes")
+        for schema in schemas or ():
+            if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+                raise TypeError(f"output_schemas holds {schema!r}, not a pydantic model class")
+        return cls({t.name: t for t in tools}, tuple(schemas or ()))  # type: ignore[arg-type]
+
+    def resolve(
+        self,
+        tools: Sequence[ToolRef],
+        schema: SchemaRef | None,
+        *,
+        own_tools: dict[str, Tool],
+        default_schema: type[BaseModel] | None,
+        where: str,
+    ) -> tuple[list[Tool], type[BaseModel] | None]:
+        """The extra tools and the output schema class that a run recorded as ``tools``
+        and ``schema``, from what is hosted here. A tool that is one of the agent's own
+        (same schema) is offered anyway and needs no resolving.
+
+        Raises RunOptionsError naming everything that is not hosted as recorded.
+        """
+        missing: list[str] = []
+        found: list[Tool] = []
+        for ref in tools:
+            own = own_tools.get(ref.name)
+            tool = own or self.tools.get(ref.name)
+            if tool is None:
+                missing.append(f"extra tool {ref.name!r}, which is not hosted here")
+            elif (hosted := tool_ref(tool).schema_hash) != ref.schema_hash:
+                missing.append(
+                    f"extra tool {ref.name!r} as it was (its input schema changed: recorded "
+                    f"{ref.schema_hash}, hosted {hosted})"
+                )
+            elif own is None:
+                found.append(tool)
+        resolved: type[BaseModel] | None = None
+        if schema is not None:
+            named = [s for s in (*self.schemas, default_schema) if s and s.__name__ == schema.name]
+            resolved = next(
+                (s for s in named if schema_ref(s).schema_hash == schema.schema_hash), None
+            )
+            if resolved is None and not named:
+                missing.append(f"output schema {schema.name!r}, which is not hosted here")
+            elif resolved is None:
+                hashes = ", ".join(schema_ref(s).schema_hash for s in named)
+                missing.append(
+                    f"output schema {schema.name!r} as it was (it changed: recorded "
+                    f"{schema.schema_hash}, hosted {hashes})"
+                )
+        if missing:
+            raise RunOptionsError(
+                f"cannot continue {where}: its run was given {'; '.join(missing)}. Host them "
+                "in the process that continues the run (Agent(extra_tools=[...], "
+                "output_schemas=[...])), or resume it with explicit keywords "
+                "(resume(..., extra_tools=[...], output_schema=...)) that replace them",
+                missing=missing,
+            )
+        return found, resolved

@@ -1,0 +1,198 @@
+"""A worker's bounds, on SQLite and on Kafka: a run's budget (take-overs, model calls)
+is counted in the log and no worker spends past it however the run progresses; a worker
+that stops leaves its runs in progress at their next step, recording nothing, for the
+next worker."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomflow import Agent, Message, Tuning
+from loomflow.agent.worker import Budget, Worker
+from loomflow.errors import ModelError
+from loomflow.models import ScriptedModel
+from loomflow.models.base import ModelResponse, ToolSpec
+from loomflow.runtime import Runtime, Scope
+from loomflow.schemas import RunFailed, RunOptions, RunStarted, TurnAppended, new_id
+from loomflow.schemas.events import TurnAppendedPayload
+from tests.support.backends import BACKENDS, Backend
+from tests.support.waiting import eventually
+
+LEASE = 0.5
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("kafka", marks=[pytest.mark.kafka, pytest.mark.postgres]),
+    ]
+)
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    made = BACKENDS[request.param](tmp_path)
+    await made.open()
+    yield made
+    await made.close()
+
+
+async def _abandoned(runtime: Runtime, session: str) -> None:
+    """What a process that died right after its prompt leaves: a started run, silent."""
+    writer = await runtime.open_session(
+        Scope(session),
+        run_id=new_id("run"),
+        agent="agent",
+        model="flaky",
+        options=RunOptions(),
+    )
+    prompt = [Message.system("You look things up."), Message.user("Look Oslo up.")]
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=prompt))
+    await writer.confirm()
+
+
+def _lookup(city: str) -> str:
+    """Look a city up."""
+    return f"{city}: 709000"
+
+
+class EverySecondCallFails:
+    """A provider that answers one request (a tool call) and refuses the next."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inner = ScriptedModel(lambda messages: ScriptedModel.tool_call("_lookup", city="Oslo"))
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> ModelResponse:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise ModelError("the provider refuses requests after this tool result")
+        return await self.inner.complete(messages, tools)
+
+
+async def _work(worker: Worker, done: Any) -> None:
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    try:
+        await eventually(done, within=60, what="the worker to park the run")
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 30)
+
+
+@pytest.mark.parametrize(
+    ("budget", "said", "claims"),
+    [
+        # four takes, then a fifth claim only to park it
+        (Budget(takes=4), "workers took the run over 4 times, its budget (takes=4)", 5),
+        # parked inside the third take, before the call past its budget
+        (Budget(takes=50, model_calls=3), "the run made 3 model calls, its budget", 3),
+    ],
+)
+async def test_a_run_whose_model_fails_every_second_call_is_parked_at_its_budget(
+    backend: Backend, budget: Budget, said: str, claims: int
+) -> None:
+    runtime = backend.runtime(lease_seconds=LEASE)
+    model = EverySecondCallFails()
+    agent = Agent("x", model=model, runtime=runtime, tools=[_lookup], tuning=Tuning())
+    try:
+        await _abandoned(runtime, "flaky")
+        worker = Worker([agent], poll_seconds=0.05, backoff_seconds=0.01, budget=budget)
+
+        async def parked() -> bool:
+            row = await runtime.store.session(Scope("flaky"))
+            return row is not None and row.status == "stuck"
+
+        await _work(worker, parked)
+        row = await runtime.store.session(Scope("flaky"))
+        events = await runtime.store.read_events(Scope("flaky"))
+    finally:
+        await runtime.close()
+    assert row is not None and row.last_error is not None and said in row.last_error
+    turns = [e for e in events if isinstance(e, TurnAppended) and e.payload.model_call]
+    takes = [e for e in events if isinstance(e, RunStarted) and e.payload.worker]
+    # each take was one answered call and one refused one, up to the budget
+    limit = budget.model_calls or budget.takes
+    assert len(turns) == limit and model.calls <= 2 * limit
+    assert len(takes) == claims
+    # the spend is bounded and in the log: exactly the answered calls' usage
+    assert row.spent_calls == limit
+    assert row.spent.cost_usd == pytest.approx(sum(t.payload.usage.cost_usd for t in turns))
+    last = events[-1]
+    assert isinstance(last, RunFailed) and last.payload.parked
+
+
+class Hanging:
+    """A model that answers its first call with a tool call and never answers the rest."""
+
+    name = "hanging"
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.inside = asyncio.Event()
+
+    async def complete(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec]
+    ) -> ModelResponse:
+        self.calls += 1
+        if self.calls == 1:
+            return await ScriptedModel([ScriptedModel.tool_call("_slow", city="Oslo")]).complete(
+                messages, tools
+            )
+        self.inside.set()
+        await asyncio.Event().wait()  # a model call that takes for ever
+        raise AssertionError("unreachable")
+
+
+async def test_a_stopping_worker_leaves_its_runs_at_their_next_step(backend: Backend) -> None:
+    """Stopped while a tool runs, the run records the tool's result and stops before the
+    next model call; stopped inside a model call, the run is cut off after the grace.
+    Neither records a failure: a worker started after the lease takes the run over."""
+    runtime = backend.runtime(lease_seconds=LEASE)
+    in_tool, release = asyncio.Event(), asyncio.Event()
+
+    async def _slow(city: str) -> str:
+        """A tool that takes its time."""
+        in_tool.set()
+        await release.wait()
+        return f"{city}: 709000"
+
+    model = Hanging()
+    agent = Agent("x", model=model, runtime=runtime, tools=[_slow], name="agent")
+    try:
+        await _abandoned(runtime, "slow")
+        worker = Worker([agent], poll_seconds=0.05, stop_grace_seconds=1.0)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        await asyncio.wait_for(in_tool.wait(), 30)
+        stop.set()  # as SIGTERM does: the tool's step ends, and the run stops there
+        await eventually(worker.stopping.is_set, what="the worker to stop")
+        release.set()
+        await asyncio.wait_for(running, 10)
+        assert model.calls == 1  # no model call after the stop
+        assert [t.outcome for t in worker.done] == ["released"]
+        events = await runtime.store.read_events(Scope("slow"))
+        assert events[-1].type == "turn.appended"  # the tool's result, then nothing
+        assert not [e for e in events if isinstance(e, RunFailed)]
+
+        # a second worker takes it after the lease; stopped inside the endless model
+        # call, it cuts the run off after its grace, again recording nothing
+        worker = Worker([agent], poll_seconds=0.05, stop_grace_seconds=0.5)
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        await asyncio.wait_for(model.inside.wait(), 30)
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        row = await runtime.store.session(Scope("slow"))
+        events = await runtime.store.read_events(Scope("slow"))
+    finally:
+        await runtime.close()
+    assert row is not None and row.status == "running"  # left for the next worker
+    assert not [e for e in events if isinstance(e, RunFailed)]
+    assert len([e for e in events if isinstance(e, RunStarted) and e.payload.worker]) == 2
