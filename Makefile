@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench mutants
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,3 +25,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.checkpoints
+
+# mutation testing of one file on the offline tests that exercise it (RELIABILITY.md):
+# make mutants FILE=loomflow/projections/fold.py [TESTS="tests/... tests/..."]
+mutants: $(STAMP)
+	$(PY) dev/mutants.py $(FILE) $(TESTS)

@@ -255,12 +255,26 @@ def _event_record(row: Sequence[Any]) -> LogRecord:
 def _note_record(row: Sequence[Any]) -> LogRecord:
     position, user_id, session_id, seqs, through_seq, at = row
     try:
+        # another program's row holds whatever SQLite keeps; a note is only what prune
+        # writes (a value of another type failed the audit's chaining of it)
+        if not (user_id is None or isinstance(user_id, str)) or not isinstance(session_id, str):
+            raise TypeError(f"scope ({user_id!r}, {session_id!r}) is not text")
+        if type(through_seq) is not int:
+            raise TypeError(f"through_seq {through_seq!r} is not an integer")
+        listed = None if seqs is None else orjson.loads(seqs)
+        if listed is not None and not (
+            isinstance(listed, list) and all(type(seq) is int for seq in listed)
+        ):
+            raise TypeError(f"seqs {seqs!r} is not a list of integers")
+        when = datetime.fromisoformat(at)
+        if when.tzinfo is None:
+            raise ValueError(f"at {at!r} has no time zone")
         note = PruneNote(
             user_id=user_id or None,
             session_id=session_id,
-            seqs=None if seqs is None else tuple(orjson.loads(seqs)),
+            seqs=None if listed is None else tuple(listed),
             through_seq=through_seq,
-            at=datetime.fromisoformat(at),
+            at=when,
         )
     except (ValueError, TypeError) as exc:
         return _unreadable(_NOTE_COLUMNS, row, f"prune note {position} does not decode: {exc}")

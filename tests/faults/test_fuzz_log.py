@@ -724,6 +724,11 @@ def _forge(path: Path, forgeries: list[Forgery]) -> set[str]:
             if kind == "bad text":  # bytes that are not UTF-8, in a TEXT value
                 values[_COLUMNS.index(data[0])] = "CAST(? AS TEXT)"
                 base[data[0]] = b"\xff" + data[1]
+            for i, name in enumerate(_COLUMNS):  # text sqlite3 cannot bind (a lone
+                # surrogate): the bytes another program would store for it, as TEXT
+                if isinstance(base[name], str) and not _encodable(base[name]):
+                    values[i] = "CAST(? AS TEXT)"
+                    base[name] = base[name].encode("utf-8", "surrogatepass")
             conn.execute(
                 f"INSERT OR IGNORE INTO loomflow_events ({', '.join(_COLUMNS)}) "
                 f"VALUES ({', '.join(values)})",
@@ -731,6 +736,14 @@ def _forge(path: Path, forgeries: list[Forgery]) -> set[str]:
             )
         conn.commit()
     return changed
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _decodes(row: tuple[Any, ...]) -> bool:
@@ -854,6 +867,11 @@ def test_no_row_in_a_sqlite_log_stops_a_reader_or_the_runtime(
         # decode stopped the reader
         @example(log=_one(Forgery("corrupt", 1, ("payload", b"{}"))))  # a transcript row's
         # BLOB: restore raised TypeError
+        @example(log=_one(Forgery("forged scope", 0, ("session_id", "\ud800A"))))  # the
+        # forger raised UnicodeEncodeError binding it (found by the soak)
+        @example(log=_one(Forgery("note", 0, ("[1, 2]", b"", "2026-01-01T00:00:00+00:00"))))
+        # a note's through_seq that is no int: the audit raised TypeError chaining it, and
+        # stopped (found by the soak)
         def check(log: tuple[list[SessionPlan], list[Forgery]]) -> None:
             where = tmp_path / str(next(folders))
             where.mkdir()

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from loomflow.errors import StoreError
-from loomflow.processors.reader import LogRecord, drain, require_log, sqlite_reader
+from loomflow.processors.reader import (
+    LogRecord,
+    PruneNote,
+    _note_record,
+    drain,
+    require_log,
+    sqlite_reader,
+)
 from loomflow.projections import sqlite as sql
 from loomflow.runtime import SqliteRuntime
 from loomflow.schemas import RunStarted
@@ -66,6 +74,43 @@ async def test_prune_leaves_a_note_in_log_order(tmp_path: Path) -> None:
     kinds = [k for k, s, _ in records]
     assert kinds[0] == "note" and records[0][1] == "a"
     assert kinds[1] == "run.started" and {s for _, s, _ in records[1:]} == {"b"}
+
+
+_NOTE = (7, "", "s", "[1, 2]", 3, "2026-01-01T00:00:00+00:00")  # as prune writes it
+
+
+def test_a_note_as_prune_writes_it_decodes() -> None:
+    record = _note_record(_NOTE)
+    assert record.error is None and record.note == PruneNote(
+        None, "s", (1, 2), 3, datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert _note_record((7, "", "s", None, 3, _NOTE[5])).note is not None
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        (4, b""),  # the soak's example: the audit raised TypeError chaining it, and stopped
+        (4, "3"),
+        (4, 2.5),
+        (4, True),
+        (3, '"ab"'),  # seqs ('a', 'b')
+        (3, '{"a": 1}'),
+        (3, '[1, "x"]'),
+        (2, b"s"),
+        (1, 5),
+        (5, "2026-01-01T00:00:00"),  # no zone: `loomflow tail` could not order it
+    ],
+)
+def test_a_note_holding_what_prune_never_writes_does_not_decode(column: int, value: object) -> None:
+    """Another program's row in the notes table, or a damaged one, is a record that does
+    not decode, kept with its reason, as a log row is (found by the soak of
+    tests/faults/test_fuzz_log.py)."""
+    row = list(_NOTE)
+    row[column] = value
+    record = _note_record(row)
+    assert record.note is None and record.event is None
+    assert record.error and record.error.startswith("prune note 7 does not decode")
 
 
 async def test_start_at_the_end_reads_only_what_comes_after(tmp_path: Path) -> None:
