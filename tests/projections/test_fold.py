@@ -14,17 +14,23 @@ from loomflow.errors import (
 )
 from loomflow.projections.fold import (
     AddTranscript,
+    DeleteCheckpoints,
     EraseSession,
     PutCheckpoint,
     RetainCheckpoints,
+    SessionKey,
     SessionRow,
     fold,
     materialise,
+    project,
 )
 from loomflow.schemas import (
+    CheckpointsPruned,
     CheckpointWritten,
     Event,
     Message,
+    RunFailed,
+    RunFinished,
     RunStarted,
     RunWaiting,
     SessionErased,
@@ -185,3 +191,196 @@ def test_a_signal_recorded_past_the_deadline_does_not_answer_the_wait() -> None:
         # the wait times out (a worker takes it as such); the signal stays in the inbox,
         # where a later wait of that name may receive it
         assert row.status == "waiting" and [s.name for s in row.inbox] == ["approve"]
+
+
+# --- what each event does to the row and the read model (mutation testing's survivors) --
+
+
+def _event(cls: type, seq: int, epoch: int = 1, **payload: object) -> Event:
+    return cls(session_id="s", run_id="r", seq=seq, epoch=epoch, payload=payload)  # type: ignore[no-any-return]
+
+
+def _waits(seq: int, signal: str = "approve", epoch: int = 1) -> Event:
+    step = f"tool:1/signal:{signal}#1"
+    return _event(RunWaiting, seq, epoch, signal=signal, step_key=step)
+
+
+def _signal(seq: int, name: str = "approve", epoch: int = 2) -> Event:
+    return _event(SignalSent, seq, epoch=epoch, name=name, data=None)
+
+
+def _failed(seq: int, error: str = "boom", parked: bool | None = None, epoch: int = 1) -> Event:
+    return _event(RunFailed, seq, epoch, error_type="ModelError", error=error, parked=parked)
+
+
+def _finished(seq: int, epoch: int = 1) -> Event:
+    return _event(RunFinished, seq, epoch, output="done", turns=1, usage=Usage())
+
+
+def _taken(seq: int, epoch: int) -> RunStarted:
+    return RunStarted(session_id="s", run_id="w", seq=seq, epoch=epoch, payload={"worker": "w1"})
+
+
+def test_a_new_session_starts_and_is_updated_at_its_events_times() -> None:
+    first = started()
+    row, _ = fold(None, first)
+    assert row.created_at == row.updated_at == first.at
+    later = turn(2, "a").model_copy(update={"at": first.at + timedelta(seconds=5)})
+    row, _ = fold(row, later)
+    assert row.created_at == first.at and row.updated_at == later.at
+
+
+def test_refusals_say_what_was_expected_and_what_to_do() -> None:
+    with pytest.raises(SequenceConflictError, match="expects seq 2, got 4"):
+        run([started(), turn(4, "a")])
+    erased = SessionErased(session_id="s", run_id="admin", seq=2, epoch=1)
+    row, _ = run([started(), erased])
+    with pytest.raises(SessionErasedError, match="was erased; start a new session id"):
+        fold(row, turn(3, "late"))
+
+
+def test_a_turn_adds_its_messages_after_the_base_and_a_model_turn_ends_a_wait() -> None:
+    row, mutations = run([started(), _waits(2), turn(3, "x", model=True)])
+    assert mutations == [AddTranscript(3, False, [Message.user("x")])]
+    assert row.waiting is None  # the resumed run went on past where it waited
+    row, _ = run([started(), _waits(2), turn(3, "result")])
+    assert row.waiting is not None  # a tool's result alone does not end it
+
+
+def test_a_compaction_is_a_new_base_and_a_model_call_of_the_budget() -> None:
+    compacted = _event(
+        TranscriptCompacted, 3, messages=[Message.user("summary")], usage=U, replaced_messages=1
+    )
+    row, mutations = run([started(), turn(2, "a", model=True), compacted])
+    assert mutations[-1] == AddTranscript(3, True, [Message.user("summary")])
+    assert row.usage == U + U and row.spent == U + U and row.spent_calls == 2
+
+
+def test_a_fork_is_a_base_at_its_own_seq() -> None:
+    forked = _event(
+        SessionForked,
+        1,
+        parent_session_id="p",
+        parent_checkpoint_id="ckptX",
+        messages=[Message.user("a")],
+        turn=2,
+        cumulative_usage=U,
+    )
+    row, mutations = fold(None, forked)
+    assert mutations == [AddTranscript(1, True, [Message.user("a")])] and row.base_seq == 1
+
+
+def test_a_checkpoint_keeps_its_cursor_and_a_retention_of_one_is_applied() -> None:
+    written = _event(
+        CheckpointWritten,
+        3,
+        checkpoint_id="ckpt1",
+        turn=1,
+        cumulative_usage=U,
+        cursor="pass:1",
+        message_count=1,
+        retain=1,
+    )
+    _, mutations = run([started(), turn(2, "a"), written])
+    put = mutations[1]
+    assert isinstance(put, PutCheckpoint) and put.row.cursor == "pass:1"
+    assert mutations[2] == RetainCheckpoints(1)
+
+
+def test_pruned_checkpoints_are_deleted() -> None:
+    pruned = _event(CheckpointsPruned, 2, checkpoint_ids=["ckpt1", "ckpt2"])
+    _, mutations = run([started(), pruned])
+    assert mutations == [DeleteCheckpoints(["ckpt1", "ckpt2"])]
+
+
+def test_a_finished_run_clears_its_wait_inbox_attempts_and_error() -> None:
+    events = [started(), _waits(2), _signal(3, "other"), _failed(4, epoch=2), _taken(5, 3)]
+    row, _ = run([*events, _finished(6, epoch=3)])
+    assert (row.status, row.waiting, row.inbox, row.attempts, row.last_error) == (
+        "finished",
+        None,
+        (),
+        0,
+        None,
+    )
+
+
+def test_a_failed_run_drops_its_wait_and_inbox_and_keeps_its_error_short() -> None:
+    row, _ = run([started(), _waits(2), _signal(3, "other"), _failed(4, "x" * 900, epoch=2)])
+    assert row.status == "failed" and row.waiting is None and row.inbox == ()
+    assert row.last_error is not None and len(row.last_error) == 500
+    parked, _ = run([started(), _failed(2, parked=True)])
+    assert parked.status == "stuck"
+
+
+def test_a_wait_is_signalled_only_by_a_signal_of_its_name() -> None:
+    row, _ = run([started(), _signal(2, "other"), _waits(3, epoch=2)])
+    assert row.status == "waiting"  # another name in the inbox answers nothing
+    row, _ = run([started(), _signal(2, "approve"), _waits(3, epoch=2)])
+    assert row.status == "signalled"
+
+
+def test_a_wait_resets_the_attempts_and_takes_of_its_run() -> None:
+    row, _ = run([started(), _taken(2, 2), _taken(3, 3)])
+    assert (row.attempts, row.takes) == (2, 2)
+    row, _ = fold(row, _waits(4, epoch=3))
+    assert (row.attempts, row.takes) == (0, 0)
+
+
+def test_a_callers_run_starts_a_budget_of_its_own_a_workers_take_does_not() -> None:
+    events: list[Event] = [started(), turn(2, "a", model=True), _taken(3, 2)]
+    events.append(turn(4, "b", epoch=2, model=True))
+    row, _ = run(events)
+    assert (row.takes, row.spent_calls, row.spent) == (1, 2, U + U)
+    row, _ = fold(row, started(5, epoch=3))
+    assert (row.takes, row.spent_calls, row.spent) == (0, 0, Usage())
+
+
+def test_an_erasure_forgets_the_transcript_usage_and_inbox() -> None:
+    forked = _event(
+        SessionForked,
+        1,
+        parent_session_id="p",
+        parent_checkpoint_id="ckptX",
+        messages=[Message.user("a")],
+        turn=3,
+        cumulative_usage=U,
+    )
+    events = [forked, started(2), _waits(3), _signal(4, "other", epoch=3)]
+    erased = SessionErased(session_id="s", run_id="admin", seq=5, epoch=3)
+    row, _ = run([*events, erased])
+    assert (row.turns, row.usage, row.base_seq, row.waiting, row.inbox) == (
+        0,
+        Usage(),
+        0,
+        None,
+        (),
+    )
+
+
+def test_project_skips_an_event_given_twice_in_one_batch() -> None:
+    first = started()
+    changed, changes = project({}, [first, first], {})
+    assert [c.event.event_id for c in changes] == [first.event_id]
+    assert changed[(None, "s")].last_seq == 1
+
+
+def test_project_forgets_only_the_erased_sessions_stored_ids() -> None:
+    other = RunStarted(session_id="t", run_id="r", seq=1, epoch=1)
+    rows: dict[SessionKey, SessionRow | None] = {
+        (None, "s"): run([started(), turn(2, "a")])[0],
+        (None, "t"): fold(None, other)[0],
+    }
+    again = turn(2, "a")
+    stored: dict[tuple[str | None, str, int], str] = {
+        (None, "s", 2): again.event_id,
+        (None, "t", 1): other.event_id,
+    }
+    erased = SessionErased(session_id="s", run_id="admin", seq=3, epoch=1)
+    # another session's redelivery in the same batch is still recognised and skipped
+    _, changes = project(rows, [erased, other], stored)
+    assert [c.event.type for c in changes] == ["session.erased"]
+    # the erased session's own earlier ids are forgotten: a redelivery after the erasure
+    # is refused as the erased session's event, not skipped as one already stored
+    with pytest.raises(SessionErasedError):
+        project(rows, [erased, again], stored)
