@@ -303,6 +303,9 @@ def test_a_finished_run_clears_its_wait_inbox_attempts_and_error() -> None:
         0,
         None,
     )
+    # a run that waited, was resumed by a worker and finished no longer waits
+    row, _ = run([started(), _waits(2), _taken(3, 2), _finished(4, epoch=2)])
+    assert row.waiting is None and row.status == "finished"
 
 
 def test_a_failed_run_drops_its_wait_and_inbox_and_keeps_its_error_short() -> None:
