@@ -36,21 +36,31 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: the offline tests that exercise each file, as pytest arguments
 SELECTIONS: dict[str, list[str]] = {
-    # the fold's own tests, and the store conformance suite on the offline stores: every
-    # append and every projection goes through the fold (about 2 min a full run)
+    # the fold's own tests, the store and runtime conformance suites on the offline
+    # stores, and the worker's: every append and every projection goes through the fold
     "loomflow/projections/fold.py": [
-        "tests/projections/test_fold.py",
+        "tests/projections",
         "tests/runtime/test_conformance.py::TestInProcStore",
         "tests/runtime/test_conformance.py::TestSqliteStore",
-    ],
-    # suggested, not yet run: give TESTS to try another selection
-    "loomflow/runtime/writer.py": [
-        "tests/runtime/test_group_commit.py",
-        "tests/runtime/test_storage.py",
         "tests/runtime/test_conformance.py::TestInProcRuntime",
         "tests/runtime/test_conformance.py::TestSqliteRuntime",
+        "tests/agent/test_worker.py",
+        "tests/agent/test_worker_budget.py",
     ],
-    "loomflow/agent/worker.py": ["tests/agent/test_worker.py"],
+    # a run's single writer: its observers, retries and doubt, under the runtime suites
+    "loomflow/runtime/writer.py": [
+        "tests/runtime/test_writer.py",
+        "tests/runtime/test_observers.py",
+        "tests/runtime/test_conformance.py::TestInProcRuntime",
+        "tests/runtime/test_conformance.py::TestSqliteRuntime",
+        "tests/agent/test_worker_budget.py",
+    ],
+    # the worker in process (tests that start `loomflow worker` run the installed package,
+    # not the mutant: they cannot kill one)
+    "loomflow/agent/worker.py": [
+        "tests/agent/test_worker.py",
+        "tests/agent/test_worker_budget.py",
+    ],
 }
 
 #: added to every pytest run mutmut makes: no services, no cache written into the copy,
