@@ -119,7 +119,8 @@ class RunOptionsError(LoomflowError, LookupError):
     started. The run is not continued (nothing is written); resume it where the option
     is hosted, or with explicit keywords that replace the recorded ones.
 
-    ``missing`` names each option that could not be provided, e.g. ``extra tool 'tenant'``.
+    ``missing`` says of each option what could not be provided, e.g. ``extra tool
+    'tenant', which is not hosted here``.
     """
 
     def __init__(self, message: str, *, missing: list[str]) -> None:

@@ -142,6 +142,12 @@ def _check_schema(schema: object) -> type[BaseModel] | None:
     return schema
 
 
+def _recorded(row: SessionRow | None) -> tuple[dict[str, Any] | None, RunOptions | None]:
+    """The metadata and options the session's latest run recorded (or the fork it
+    started with): what a run that continues it is given."""
+    return (None, None) if row is None else (row.run_metadata, row.run_options)
+
+
 def _recorded_effort(effort: str | None, scope: Scope) -> Effort | None:
     """The effort a run recorded, as this version knows it."""
     try:
@@ -249,10 +255,7 @@ class Agent:
         self.effort = _check_effort(effort)
         #: what a run may be given by name: a run that continues one recorded with these
         #: extra tools or output schemas (in another process: a worker's) finds them here
-        offered = _tools(self.tools, extra_tools, "Agent(extra_tools=...): ")
-        self.hosted = Hosted.of(
-            (t for n, t in offered.items() if n not in self.tools), output_schemas
-        )
+        self.hosted = Hosted.of(extra_tools, output_schemas, self.tools)
         #: where this agent's runs left their sessions' transcript hashes
         self._hashes = TranscriptHashes()
 
@@ -403,7 +406,7 @@ class Agent:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
         return await self._drive(
             scope,
-            lambda row: self._continued(row, run_kwargs, given, scope),
+            lambda row: self._continued(_recorded(row), run_kwargs, given, scope),
             text,
             mode="run" if latest is None else "resume",
             from_checkpoint=None if latest is None else latest.checkpoint_id,
@@ -454,7 +457,7 @@ class Agent:
         latest = await self.runtime.store.checkpoint(scope, None)
         return await self._drive(
             scope,
-            lambda row: self._continued(row, kwargs, given, scope),
+            lambda row: self._continued(_recorded(row), kwargs, given, scope),
             self.tuning.continuation_prompt,
             mode="run" if latest is None else "resume",
             from_checkpoint=None if latest is None else latest.checkpoint_id,
@@ -502,22 +505,26 @@ class Agent:
         )
 
     def _continued(
-        self, row: SessionRow | None, kwargs: dict[str, Any], given: _RunOptions, scope: Scope
+        self,
+        run: tuple[dict[str, Any] | None, RunOptions | None],
+        kwargs: dict[str, Any],
+        given: _RunOptions,
+        scope: Scope,
     ) -> _RunOptions:
-        """The options of a run that continues ``row``'s latest run: what it recorded,
-        each replaced by the keyword given for it (``given``, checked, from ``kwargs``).
+        """The options of a run that continues another: the metadata and options that
+        one recorded (``run``; None for what was not recorded), each replaced by the
+        keyword given for it (``given``, checked, from ``kwargs``).
 
         Raises RunOptionsError when a recorded tool or schema is not hosted here as it
         was recorded; nothing has been written then.
         """
-        recorded = row.run_options if row is not None else None
+        metadata, recorded = run
         explicit = {k for k in RECORDED_KEYWORDS if kwargs.get(k) is not None}
         context = kwargs.get("context")
         if isinstance(context, RunContext) and context.metadata:
             explicit.add("metadata")
         options = given
-        if "metadata" not in explicit and row is not None and row.run_metadata:
-            metadata = row.run_metadata
+        if "metadata" not in explicit and metadata:
             context = options.context.merged(user_id=None, session_id=None, metadata=metadata)
             options = replace(options, context=context)
         if recorded is None:  # a new session, or a run recorded before options were kept
@@ -543,7 +550,7 @@ class Agent:
         changed = tuple(
             keyword
             for keyword, before, after in (
-                ("metadata", row.run_metadata if row else None, dict(options.context.metadata)),
+                ("metadata", metadata, dict(options.context.metadata)),
                 ("extra_tools", recorded.extra_tools, now.extra_tools),
                 ("output_schema", recorded.output_schema, now.output_schema),
                 (
@@ -605,8 +612,8 @@ class Agent:
         """Fork ``parent`` at ``checkpoint_id`` into a new session and run it there, with
         the options of the parent's latest run (replaced by the keywords given)."""
         origin = await self.runtime.fork_origin(parent, checkpoint_id)  # raises if pruned
-        options = self._continued(await self.runtime.store.session(parent), kwargs, given, parent)
         child = Scope(new_id("sess"), parent.user_id)
+        options = self._continued((origin.metadata, origin.options), kwargs, given, parent)
         writer = await self.runtime.open_session(
             child,
             run_id=new_id("run"),

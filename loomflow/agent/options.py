@@ -11,12 +11,13 @@ validated against another schema.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel
 
-from loomflow.agent.tools import Tool
+from loomflow.agent.tools import Tool, as_tool
 from loomflow.errors import RunOptionsError
 from loomflow.schemas import SchemaRef, ToolRef
 from loomflow.schemas.codec import input_hash
@@ -52,19 +53,40 @@ def schema_ref(schema: type[BaseModel]) -> SchemaRef:
 @dataclass(frozen=True)
 class Hosted:
     """What an Agent can give a run that asks for it by name: the extra tools and output
-    schemas it hosts, besides its own tools and default schema."""
+    schemas it hosts, besides its own tools and default schema. Several versions of one
+    (the same name, other schemas) may be hosted: a run gets the one it recorded."""
 
-    tools: dict[str, Tool]
+    tools: tuple[Tool, ...]
     schemas: tuple[type[BaseModel], ...]
 
     @classmethod
-    def of(cls, tools: Iterable[Tool], schemas: Sequence[object] | None) -> Hosted:
-        if schemas is not None and (isinstance(schemas, str) or not isinstance(schemas, Sequence)):
-            raise TypeError("output_schemas must be a list of pydantic model classes")
+    def of(
+        cls,
+        tools: Sequence[Callable[..., Any] | Tool] | None,
+        schemas: Sequence[object] | None,
+        own: dict[str, Tool],
+    ) -> Hosted:
+        """What ``Agent(extra_tools=tools, output_schemas=schemas)`` hosts, checked: a
+        tool may not share a name with one of the agent's ``own``, nor a version of
+        another hosted tool its schema."""
+        for name, given in (("extra_tools", tools), ("output_schemas", schemas)):
+            if given is not None and (isinstance(given, str) or not isinstance(given, Sequence)):
+                raise TypeError(f"Agent({name}=...) must be a list")
+        hosted: list[Tool] = []
+        for fn in tools or ():
+            tool = as_tool(fn)
+            if tool.name in own:
+                raise ValueError(
+                    f"Agent(extra_tools=...): {tool.name!r} is one of the agent's own tools, "
+                    "offered to every run already"
+                )
+            if any(tool_ref(t) == tool_ref(tool) for t in hosted):
+                raise ValueError(f"Agent(extra_tools=...): {tool.name!r} is given twice")
+            hosted.append(tool)
         for schema in schemas or ():
             if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
                 raise TypeError(f"output_schemas holds {schema!r}, not a pydantic model class")
-        return cls({t.name: t for t in tools}, tuple(schemas or ()))  # type: ignore[arg-type]
+        return cls(tuple(hosted), tuple(schemas or ()))  # type: ignore[arg-type]
 
     def resolve(
         self,
@@ -85,36 +107,40 @@ class Hosted:
         found: list[Tool] = []
         for ref in tools:
             own = own_tools.get(ref.name)
-            tool = own or self.tools.get(ref.name)
-            if tool is None:
+            named = [own] if own is not None else [t for t in self.tools if t.name == ref.name]
+            tool = next((t for t in named if tool_ref(t) == ref), None)
+            if not named:
                 missing.append(f"extra tool {ref.name!r}, which is not hosted here")
-            elif (hosted := tool_ref(tool).schema_hash) != ref.schema_hash:
+            elif tool is None:
+                hashes = ", ".join(tool_ref(t).schema_hash for t in named)
                 missing.append(
                     f"extra tool {ref.name!r} as it was (its input schema changed: recorded "
-                    f"{ref.schema_hash}, hosted {hosted})"
+                    f"{ref.schema_hash}, hosted {hashes})"
                 )
             elif own is None:
                 found.append(tool)
         resolved: type[BaseModel] | None = None
         if schema is not None:
-            named = [s for s in (*self.schemas, default_schema) if s and s.__name__ == schema.name]
+            classes = [
+                s for s in (*self.schemas, default_schema) if s and s.__name__ == schema.name
+            ]
             resolved = next(
-                (s for s in named if schema_ref(s).schema_hash == schema.schema_hash), None
+                (s for s in classes if schema_ref(s).schema_hash == schema.schema_hash), None
             )
-            if resolved is None and not named:
+            if resolved is None and not classes:
                 missing.append(f"output schema {schema.name!r}, which is not hosted here")
             elif resolved is None:
-                hashes = ", ".join(schema_ref(s).schema_hash for s in named)
+                hashes = ", ".join(schema_ref(s).schema_hash for s in classes)
                 missing.append(
                     f"output schema {schema.name!r} as it was (it changed: recorded "
                     f"{schema.schema_hash}, hosted {hashes})"
                 )
         if missing:
             raise RunOptionsError(
-                f"cannot continue {where}: its run was given {'; '.join(missing)}. Host them "
-                "in the process that continues the run (Agent(extra_tools=[...], "
+                f"cannot continue {where}: its run was given {'; '.join(missing)}. Host what "
+                "it was given in the process that continues the run (Agent(extra_tools=[...], "
                 "output_schemas=[...])), or resume it with explicit keywords "
-                "(resume(..., extra_tools=[...], output_schema=...)) that replace them",
+                "(resume(..., extra_tools=[...], output_schema=...)) that replace it",
                 missing=missing,
             )
         return found, resolved

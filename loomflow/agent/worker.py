@@ -37,7 +37,7 @@ from loomflow.errors import (
     RunTakenError,
 )
 from loomflow.projections.fold import SessionRow
-from loomflow.runtime import Runtime, Scope
+from loomflow.runtime import InProcRuntime, Runtime, Scope
 from loomflow.runtime.base import abandoned
 from loomflow.schemas import RunFailed, Usage, new_id
 from loomflow.schemas.clock import utcnow
@@ -170,10 +170,25 @@ class Worker:
                     f"two agents are named {agent.name!r}: give each Agent(name=...) its own"
                 )
             hosted[agent.name] = agent
+            if isinstance(agent.runtime, InProcRuntime):
+                logger.warning(
+                    "agent %r keeps its runs in this process's memory (InProcRuntime): no "
+                    "other process's runs are there to take over; give it the runtime its "
+                    "runs use (SqliteRuntime(path), KafkaRuntime(), ...)",
+                    agent.name,
+                )
         if not hosted:
             raise ValueError("a worker needs at least one Agent to host")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
+        for name, value, least in (
+            ("poll_seconds", poll_seconds, 0.01),
+            ("backoff_seconds", backoff_seconds, 0.0),
+        ):
+            if isinstance(value, bool) or not (
+                isinstance(value, int | float) and least <= value <= 3600
+            ):
+                raise ValueError(f"{name} must be a number from {least:g} to 3600, not {value!r}")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, not {type(budget).__name__}")
         if isinstance(stop_grace_seconds, bool) or not (
@@ -357,11 +372,13 @@ class Worker:
                     )
                     if last or isinstance(exc, RunBudgetExceededError):
                         logger.warning(
-                            "worker %s parked %s after %d attempts: it waits for a person "
+                            "worker %s parked %s (%s): it waits for a person "
                             "(loomflow sessions ls --stuck)",
                             self.name,
                             scope.describe(),
-                            row.attempts + 1,
+                            "over budget"
+                            if isinstance(exc, RunBudgetExceededError)
+                            else f"after {row.attempts + 1} attempts",
                         )
                         return TakeOver(scope.session_id, scope.user_id, reason, "parked", str(exc))
                     # a backoff timer before the next attempt (cut short when stopping)

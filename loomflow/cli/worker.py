@@ -113,7 +113,10 @@ def load_agents(target: str) -> list[Agent]:
     except AttributeError:
         raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
     if callable(found) and not isinstance(found, Agent):
-        found = found()
+        try:
+            found = found()
+        except Exception as exc:
+            raise ValueError(f"calling {target} raised {type(exc).__name__}: {exc}") from exc
         if inspect.iscoroutine(found):
             found.close()  # never awaited, on purpose: say so instead of warning
             raise ValueError(f"{target} is a coroutine function; make it a plain function")

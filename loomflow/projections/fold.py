@@ -269,10 +269,12 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
         case RunFailed(payload=p):
             changes.update(
                 status="stuck" if p.parked else "failed",
-                waiting=None,
-                inbox=(),
                 last_error=f"{p.error_type}: {p.error}"[:500],
             )
+            if not p.parked:
+                # a parked run is not over: the person who resumes it goes on where it
+                # waited, with the signals it was sent
+                changes.update(waiting=None, inbox=())
         case RunWaiting(payload=p):
             here = any(s.name == p.signal for s in session.inbox)
             changes.update(
@@ -322,6 +324,8 @@ def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mut
                 base_seq=event.seq,
                 parent_session_id=p.parent_session_id,
                 parent_checkpoint_id=p.parent_checkpoint_id,
+                run_metadata=p.metadata,
+                run_options=p.options,
             )
             mutations.append(AddTranscript(event.seq, True, p.messages))
         case StepRecorded(payload=p):

@@ -304,8 +304,10 @@ class Runtime(Resource):
         return seq
 
     async def fork_origin(self, parent: Scope, checkpoint_id: str) -> SessionForkedPayload:
-        """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage and the
-        transcript, turn and usage at that checkpoint (the ``session.forked`` payload).
+        """What a fork of ``parent`` at ``checkpoint_id`` starts from: its lineage, the
+        transcript, turn and usage at that checkpoint, and the metadata and options of the
+        parent's latest run, which the fork's runs continue (the ``session.forked``
+        payload).
 
         Raises CheckpointNotFoundError when the checkpoint is not one of ``parent``'s,
         InvalidIdError when ``checkpoint_id`` is no id at all.
@@ -323,6 +325,8 @@ class Runtime(Resource):
             messages=state.messages,
             turn=state.turns,
             cumulative_usage=state.usage,
+            metadata=state.session.run_metadata,
+            options=state.session.run_options,
         )
 
     async def fork(

@@ -228,6 +228,10 @@ class SessionForkedPayload(BaseModel):
     messages: list[Message]
     turn: int
     cumulative_usage: Usage
+    #: the metadata and options of the parent's run the fork continues (None in events
+    #: from before they were kept): the fork's first run is given them, as a resume is
+    metadata: dict[str, Any] | None = _optional()
+    options: RunOptions | None = _optional()
 
 
 class CheckpointsPrunedPayload(BaseModel):

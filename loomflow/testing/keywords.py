@@ -519,3 +519,35 @@ class RunKeywords:
             if isinstance(e, RunStarted)
         ]
         assert [t.name for t in started[0].payload.options.extra_tools] == ["lookup"]  # type: ignore[union-attr]
+
+    async def test_a_fork_made_without_a_run_is_given_the_options_when_it_runs(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        # Runtime.fork (what `loomflow sessions fork` does) writes only session.forked;
+        # the fork's first run, resumed with no keywords, is given the parent's options
+        seen = _Seen()
+        # a scripted model answers by the turn it is at: the fork goes on at the second
+        replies: list[str | Message] = [OSLO, ScriptedModel.tool_call("lookup", city="Oslo"), OSLO]
+        await _crashing(new_runtime(), replies, None).run(
+            "Which city?",
+            session_id="s1",
+            context=RunContext(user_id="u1", metadata={"tenant": "acme"}),
+            extra_tools=[seen.lookup],
+            output_schema=City,
+        )
+        runtime = new_runtime()
+        [checkpoint] = await runtime.list_checkpoints(Scope("s1", "u1"))
+        child = await runtime.fork(Scope("s1", "u1"), checkpoint.checkpoint_id)
+        # where the tool is not hosted the fork is refused, as a resume of the parent is
+        with pytest.raises(RunOptionsError, match="'lookup'"):
+            await _crashing(new_runtime(), replies, None).resume(
+                session_id=child.session_id, user_id="u1"
+            )
+        agent = _crashing(
+            new_runtime(), replies, None, extra_tools=[seen.lookup], output_schemas=[City]
+        )
+        result = await agent.resume("Look it up.", session_id=child.session_id, user_id="u1")
+        assert result.parsed == City(name="Oslo", population=709000)
+        assert [(c.user_id, dict(c.metadata)) for _, c in seen.contexts] == [
+            ("u1", {"tenant": "acme"})
+        ], seen.contexts

@@ -401,6 +401,39 @@ async def test_bad_signals_are_typed_errors_and_change_nothing(tmp_path: Path) -
     await runtime.close()
 
 
+async def test_a_signalled_run_a_worker_cannot_continue_is_parked_with_its_signal(
+    tmp_path: Path,
+) -> None:
+    # the run's tool is not hosted by the worker: the worker parks the signalled run;
+    # the person who then resumes it where the tool is hosted goes on with the signal
+    db = tmp_path / "journal.db"
+    answers: list[Any] = []
+
+    async def ask(question: str) -> str:
+        """Ask a person."""
+        answers.append(await wait_for_signal("answer"))
+        return f"the answer: {answers[-1]}"
+
+    def agent_on(runtime: SqliteRuntime, **hosted: Any) -> Agent:
+        model = ScriptedModel([ScriptedModel.tool_call("ask", question="Ship it?"), "Shipped."])
+        return Agent("x", model=model, runtime=runtime, tuning=Tuning(checkpoint=True), **hosted)
+
+    runtime = SqliteRuntime(db)
+    waiting = await agent_on(runtime).run("Ask first.", session_id="ship", extra_tools=[ask])
+    assert waiting.stop_reason == "waiting"
+    bare = agent_on(runtime)
+    await bare.signal("ship", "answer", "yes")
+    worker = Worker([bare])
+    await asyncio.gather(*await worker.scan())
+    assert [o.outcome for o in worker.done] == ["parked"]
+    row = await runtime.store.session(Scope("ship"))
+    assert row is not None and row.status == "stuck" and "'ask'" in (row.last_error or "")
+    result = await agent_on(runtime, extra_tools=[ask]).resume(session_id="ship")
+    await runtime.close()
+    assert (result.stop_reason, result.output) == ("completed", "Shipped.")
+    assert answers == ["yes"]
+
+
 async def test_a_live_run_is_not_signalled_and_a_timed_out_wait_raises_in_the_tool(
     tmp_path: Path,
 ) -> None:

@@ -316,6 +316,14 @@ def test_a_failed_run_drops_its_wait_and_inbox_and_keeps_its_error_short() -> No
     assert parked.status == "stuck"
 
 
+def test_a_parked_run_keeps_its_wait_and_inbox_for_the_person_who_resumes_it() -> None:
+    # a worker that cannot continue a signalled run parks it: the signal must not be lost
+    row, _ = run([started(), _waits(2), _signal(3, "approve"), _failed(4, parked=True, epoch=2)])
+    assert row.status == "stuck"
+    assert row.waiting is not None and row.waiting.signal == "approve"
+    assert [s.name for s in row.inbox] == ["approve"]
+
+
 def test_a_wait_is_signalled_only_by_a_signal_of_its_name() -> None:
     row, _ = run([started(), _signal(2, "other"), _waits(3, epoch=2)])
     assert row.status == "waiting"  # another name in the inbox answers nothing
