@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -48,6 +48,9 @@ def schema_ref(schema: type[BaseModel]) -> SchemaRef:
     return SchemaRef(
         name=schema.__name__, schema_hash=input_hash(json_schema)[:16], json_schema=json_schema
     )
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -108,33 +111,29 @@ class Hosted:
         for ref in tools:
             own = own_tools.get(ref.name)
             named = [own] if own is not None else [t for t in self.tools if t.name == ref.name]
-            tool = next((t for t in named if tool_ref(t) == ref), None)
-            if not named:
-                missing.append(f"extra tool {ref.name!r}, which is not hosted here")
-            elif tool is None:
-                hashes = ", ".join(tool_ref(t).schema_hash for t in named)
-                missing.append(
-                    f"extra tool {ref.name!r} as it was (its input schema changed: recorded "
-                    f"{ref.schema_hash}, hosted {hashes})"
-                )
-            elif own is None:
+            tool = _version(
+                f"extra tool {ref.name!r}",
+                "its input schema",
+                ref.schema_hash,
+                named,
+                tool_ref,
+                missing,
+            )
+            if tool is not None and own is None:
                 found.append(tool)
         resolved: type[BaseModel] | None = None
         if schema is not None:
             classes = [
                 s for s in (*self.schemas, default_schema) if s and s.__name__ == schema.name
             ]
-            resolved = next(
-                (s for s in classes if schema_ref(s).schema_hash == schema.schema_hash), None
+            resolved = _version(
+                f"output schema {schema.name!r}",
+                "it",
+                schema.schema_hash,
+                classes,
+                schema_ref,
+                missing,
             )
-            if resolved is None and not classes:
-                missing.append(f"output schema {schema.name!r}, which is not hosted here")
-            elif resolved is None:
-                hashes = ", ".join(schema_ref(s).schema_hash for s in classes)
-                missing.append(
-                    f"output schema {schema.name!r} as it was (it changed: recorded "
-                    f"{schema.schema_hash}, hosted {hashes})"
-                )
         if missing:
             raise RunOptionsError(
                 f"cannot continue {where}: its run was given {'; '.join(missing)}. Host what "
@@ -144,3 +143,23 @@ class Hosted:
                 missing=missing,
             )
         return found, resolved
+
+
+def _version(
+    what: str,
+    part: str,
+    recorded: str,
+    named: list[_T],
+    ref: Callable[[_T], ToolRef | SchemaRef],
+    missing: list[str],
+) -> _T | None:
+    """The one of ``named`` (the hosted versions of ``what``) whose schema hash is the
+    ``recorded`` one; else None, with what is missing (``part`` of it that changed, when
+    other versions are hosted) added to ``missing``."""
+    found = next((n for n in named if ref(n).schema_hash == recorded), None)
+    if found is None and not named:
+        missing.append(f"{what}, which is not hosted here")
+    elif found is None:
+        hashes = ", ".join(ref(n).schema_hash for n in named)
+        missing.append(f"{what} as it was ({part} changed: recorded {recorded}, hosted {hashes})")
+    return found

@@ -181,14 +181,14 @@ class Worker:
             raise ValueError("a worker needs at least one Agent to host")
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise ValueError(f"max_attempts must be an int >= 1, not {max_attempts!r}")
-        for name, value, least in (
+        for option, value, least in (
             ("poll_seconds", poll_seconds, 0.01),
             ("backoff_seconds", backoff_seconds, 0.0),
         ):
             if isinstance(value, bool) or not (
                 isinstance(value, int | float) and least <= value <= 3600
             ):
-                raise ValueError(f"{name} must be a number from {least:g} to 3600, not {value!r}")
+                raise ValueError(f"{option} must be a number from {least:g} to 3600, not {value!r}")
         if budget is not None and not isinstance(budget, Budget):
             raise TypeError(f"budget must be a Budget, not {type(budget).__name__}")
         if isinstance(stop_grace_seconds, bool) or not (

@@ -115,6 +115,8 @@ def load_agents(target: str) -> list[Agent]:
     if callable(found) and not isinstance(found, Agent):
         try:
             found = found()
+        except ValueError:
+            raise  # the factory's own word on what it needs
         except Exception as exc:
             raise ValueError(f"calling {target} raised {type(exc).__name__}: {exc}") from exc
         if inspect.iscoroutine(found):

@@ -551,3 +551,16 @@ class RunKeywords:
         assert [(c.user_id, dict(c.metadata)) for _, c in seen.contexts] == [
             ("u1", {"tenant": "acme"})
         ], seen.contexts
+
+    async def test_run_metadata_reads_back_exactly_as_it_was_given(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        # a float PostgreSQL's jsonb would turn into an integer, NUL, a 62-bit int
+        metadata = {"big": 5.279742886759849e16, "tiny": 1e-300, "n": 2**62, "nul": "a\x00b"}
+        agent = _city_agent(new_runtime(), [OSLO])
+        await agent.run("Which city?", session_id="s1", context=RunContext(metadata=metadata))
+        runtime = new_runtime()
+        row = await runtime.store.session(Scope("s1"))
+        await runtime.close()
+        assert row is not None and row.run_metadata == metadata
+        assert [type(v) for v in row.run_metadata.values()] == [float, float, int, str]

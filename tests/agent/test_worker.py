@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections import Counter
@@ -574,3 +575,35 @@ def test_a_factory_that_gives_no_agents_is_a_clear_error() -> None:
     for target in ("os:sep", "os:getpid", "tests.support.resume_worker"):
         with pytest.raises(ValueError, match=r"Agent|module:factory"):
             load_agents(target)
+    # a factory that fails is named with its error (exit 2 from the command)
+    with pytest.raises(ValueError, match=r"calling json:loads raised TypeError: .*argument"):
+        load_agents("json:loads")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("max_attempts", 0, "max_attempts must be an int >= 1"),
+        ("max_attempts", True, "max_attempts must be an int >= 1"),
+        ("poll_seconds", 0, "poll_seconds must be a number from 0.01 to 3600"),
+        ("poll_seconds", "1", "poll_seconds must be a number"),
+        ("backoff_seconds", -1, "backoff_seconds must be a number from 0 to 3600"),
+        ("backoff_seconds", 3601, "backoff_seconds must be a number"),
+        ("stop_grace_seconds", -0.5, "stop_grace_seconds must be a number from 0 to 3600"),
+    ],
+)
+async def test_a_worker_refuses_bad_options_and_is_named_by_its_host_and_pid(
+    tmp_path: Path, option: str, value: object, says: str
+) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    agent = Agent("x", model=ScriptedModel(["hi"]), runtime=runtime)
+    with pytest.raises(ValueError, match=says):
+        Worker([agent], **{option: value})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one Agent"):
+        Worker([])
+    # the options checked, the worker keeps its own name (what run.started records)
+    worker = Worker([agent], poll_seconds=0.5, backoff_seconds=0)
+    assert worker.name == f"{socket.gethostname()}:{os.getpid()}"
+    assert (worker.poll_seconds, worker.backoff_seconds) == (0.5, 0)
+    assert Worker([agent], name="w1").name == "w1"
+    await runtime.close()

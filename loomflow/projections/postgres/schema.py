@@ -39,7 +39,7 @@ logger = logging.getLogger("loomflow.projections.postgres")
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
@@ -153,6 +153,12 @@ _MIGRATIONS: dict[int, str] = {
     ALTER TABLE {s}.sessions ADD COLUMN control jsonb;
     CREATE INDEX sessions_in_flight ON {s}.sessions (status, updated_at)
         WHERE status IN ('running', 'waiting', 'signalled');
+    """,
+    # control holds a run's metadata and its signals' payloads as they were sent: jsonb
+    # rewrote a float such as 5.279742886759849e+16 as the integer 52797428867598490
+    # (found by the log fuzzer), and refuses \u0000
+    5: """
+    ALTER TABLE {s}.sessions ALTER COLUMN control TYPE json USING control::json;
     """,
 }
 

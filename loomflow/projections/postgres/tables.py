@@ -71,7 +71,7 @@ SESSION_ROW_COLUMNS: Columns = (
     ("last_run_id", "text", lambda r: r.last_run_id),
     ("created_at", "timestamptz", lambda r: r.created_at),
     ("updated_at", "timestamptz", lambda r: r.updated_at),
-    ("control", "jsonb", control_json),
+    ("control", "json", control_json),
 )
 SESSION_KEY = ("user_id", "session_id")
 _JSON = ("json", "jsonb")
