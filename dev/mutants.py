@@ -64,7 +64,9 @@ SELECTIONS: dict[str, list[str]] = {
 }
 
 #: added to every pytest run mutmut makes: no services, no cache written into the copy,
-#: and the plugin that lets mutmut 3.7 run under pytest 9
+#: the plugin that lets mutmut 3.7 run under pytest 9, and 30 s per test (pytest-timeout),
+#: so that a mutant which hangs a test (a poll loop that never waits) fails it, as a hang
+#: should
 OFFLINE = [
     "-m",
     "not kafka and not postgres and not slow",
@@ -72,6 +74,7 @@ OFFLINE = [
     "no:cacheprovider",
     "-p",
     "dev.mutmut_pytest9",
+    "--timeout=30",
 ]
 
 

@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 
 from loomflow import Agent, Message, Tuning
-from loomflow.agent.worker import Budget, Worker
+from loomflow.agent.worker import Budget, Worker, due
 from loomflow.errors import ModelError
 from loomflow.models import ScriptedModel
 from loomflow.models.base import ModelResponse, ToolSpec
 from loomflow.runtime import Runtime, Scope
 from loomflow.schemas import RunFailed, RunOptions, RunStarted, TurnAppended, new_id
+from loomflow.schemas.events import EventBase
 from loomflow.schemas.events import TurnAppendedPayload
 from tests.support.backends import BACKENDS, Backend
 from tests.support.waiting import eventually
@@ -39,10 +40,10 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await made.close()
 
 
-async def _abandoned(runtime: Runtime, session: str) -> None:
+async def _abandoned(runtime: Runtime, session: str, user_id: str | None = None) -> None:
     """What a process that died right after its prompt leaves: a started run, silent."""
     writer = await runtime.open_session(
-        Scope(session),
+        Scope(session, user_id),
         run_id=new_id("run"),
         agent="agent",
         model="flaky",
@@ -196,3 +197,92 @@ async def test_a_stopping_worker_leaves_its_runs_at_their_next_step(backend: Bac
     assert row is not None and row.status == "running"  # left for the next worker
     assert not [e for e in events if isinstance(e, RunFailed)]
     assert len([e for e in events if isinstance(e, RunStarted) and e.payload.worker]) == 2
+
+
+async def _due(runtime: Runtime, scope: Scope) -> Any:
+    row = await runtime.store.session(scope)
+    return row if row is not None and due(row) is not None else None
+
+
+async def test_a_users_run_is_finished_in_that_users_scope_and_heard_by_the_workers_emit(
+    backend: Backend,
+) -> None:
+    runtime = backend.runtime(lease_seconds=LEASE)
+    heard: list[Any] = []
+
+    async def emit(item: Any) -> None:
+        heard.append(item)
+
+    agent = Agent("x", model=ScriptedModel(["Oslo: 709000."]), runtime=runtime, tuning=Tuning())
+    alice = Scope("flaky", "alice")
+    try:
+        await _abandoned(runtime, "flaky", "alice")
+        await eventually(lambda: _due(runtime, alice), within=30, what="the lease to pass")
+        worker = Worker([agent], emit=emit)
+        await asyncio.gather(*await worker.scan())
+        row = await runtime.store.session(alice)
+        events = await runtime.store.read_events(alice)
+        nobody = await runtime.store.session(Scope("flaky"))
+    finally:
+        await runtime.close()
+    [done] = worker.done
+    assert (done.session_id, done.user_id, done.reason, done.outcome) == (
+        "flaky",
+        "alice",
+        "abandoned",
+        "finished",
+    )
+    assert row is not None and row.status == "finished" and nobody is None
+    # the worker's emit heard the take's events, as the log holds them, and nothing else
+    take = next(i for i, e in enumerate(events) if isinstance(e, RunStarted) and e.payload.worker)
+    said = [e.event_id for e in heard if isinstance(e, EventBase)]
+    assert said == [e.event_id for e in events[take:]]
+
+
+async def test_a_run_whose_takes_all_died_is_parked_without_another(backend: Backend) -> None:
+    # each take killed its worker's process (nothing recorded but the claim): at
+    # max_attempts the next worker parks the run instead of taking it once more
+    runtime = backend.runtime(lease_seconds=LEASE)
+    model = EverySecondCallFails()
+    agent = Agent("x", model=model, runtime=runtime, tools=[_lookup], tuning=Tuning())
+    scope = Scope("flaky", "alice")
+    try:
+        await _abandoned(runtime, "flaky", "alice")
+        for _ in range(2):
+            row = await eventually(lambda: _due(runtime, scope), within=30, what="the lease")
+            await runtime.open_session(
+                scope,
+                run_id=new_id("run"),
+                agent="agent",
+                model="flaky",
+                worker="died",
+                claim_after=row.last_seq,
+                options=RunOptions(),
+            )
+        await eventually(lambda: _due(runtime, scope), within=30, what="the lease to pass")
+        worker = Worker([agent], max_attempts=2)
+        await asyncio.gather(*await worker.scan())
+        row = await runtime.store.session(scope)
+        events = await runtime.store.read_events(scope)
+    finally:
+        await runtime.close()
+    # the park is a claim like any other: by this worker, for its agent, with the run's
+    # recorded options carried on for the person who resumes it
+    first, *_, park = [e for e in events if isinstance(e, RunStarted)]
+    assert (park.payload.worker, park.payload.agent, park.payload.model) == (
+        worker.name,
+        agent.name,
+        "flaky",
+    )
+    assert park.payload.options == first.payload.options is not None
+    assert row is not None and row.run_options == first.payload.options
+    said = "gave up after 2 attempts by workers; last error: none recorded (its process died)"
+    [done] = worker.done
+    assert (done.user_id, done.reason, done.outcome, done.detail) == (
+        "alice",
+        "abandoned",
+        "parked",
+        said,
+    )
+    assert row is not None and row.status == "stuck" and row.last_error == f"Parked: {said}"
+    assert model.calls == 0
