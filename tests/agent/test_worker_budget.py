@@ -19,8 +19,7 @@ from loomflow.models import ScriptedModel
 from loomflow.models.base import ModelResponse, ToolSpec
 from loomflow.runtime import Runtime, Scope
 from loomflow.schemas import RunFailed, RunOptions, RunStarted, TurnAppended, new_id
-from loomflow.schemas.events import EventBase
-from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas.events import EventBase, TurnAppendedPayload
 from tests.support.backends import BACKENDS, Backend
 from tests.support.waiting import eventually
 
