@@ -29,7 +29,7 @@ from loomflow import (
     Tuning,
     wait_for_signal,
 )
-from loomflow.agent.worker import Worker
+from loomflow.agent.worker import Budget, Worker
 from loomflow.models.scripted import ScriptedModel
 from loomflow.projections.fold import SessionRow
 from loomflow.runtime import Scope, SqliteRuntime
@@ -427,7 +427,7 @@ async def test_a_signalled_run_a_worker_cannot_continue_is_parked_with_its_signa
     await bare.signal("ship", "answer", "yes")
     worker = Worker([bare])
     await asyncio.gather(*await worker.scan())
-    assert [o.outcome for o in worker.done] == ["parked"]
+    assert [(o.reason, o.outcome) for o in worker.done] == [("signalled", "parked")]
     row = await runtime.store.session(Scope("ship"))
     assert row is not None and row.status == "stuck" and "'ask'" in (row.last_error or "")
     result = await agent_on(runtime, extra_tools=[ask]).resume(session_id="ship")
@@ -602,6 +602,19 @@ async def test_a_worker_refuses_bad_options_and_is_named_by_its_host_and_pid(
         Worker([agent], **{option: value})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least one Agent"):
         Worker([])
+    with pytest.raises(TypeError, match="a worker hosts Agents, not str"):
+        Worker(["agent"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="budget must be a Budget, not dict"):
+        Worker([agent], budget={"takes": 1})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="two agents are named 'agent': give each"):
+        Worker([agent, Agent("y", model=ScriptedModel([]), runtime=runtime)])
+    # the bounds are inclusive, and the defaults are what the README gives
+    Worker([agent], max_attempts=1, poll_seconds=3600, backoff_seconds=3600)
+    Worker([agent], stop_grace_seconds=0)
+    Worker([agent], stop_grace_seconds=3600)
+    defaults = Worker([agent])
+    assert (defaults.poll_seconds, defaults.max_attempts, defaults.backoff_seconds) == (1, 3, 1)
+    assert defaults.stop_grace_seconds == 5 and defaults.budget == Budget(takes=10)
     # the options checked, the worker keeps its own name (what run.started records)
     worker = Worker([agent], poll_seconds=0.5, backoff_seconds=0)
     assert worker.name == f"{socket.gethostname()}:{os.getpid()}"

@@ -6,18 +6,20 @@ next worker."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from loomflow import Agent, Message, Tuning
+from loomflow import Agent, Message, Tuning, wait_for_signal
 from loomflow.agent.worker import Budget, Worker, due
 from loomflow.errors import ModelError
 from loomflow.models import ScriptedModel
 from loomflow.models.base import ModelResponse, ToolSpec
-from loomflow.runtime import Runtime, Scope
+from loomflow.runtime import Runtime, Scope, SqliteRuntime
 from loomflow.schemas import RunFailed, RunOptions, RunStarted, TurnAppended, new_id
 from loomflow.schemas.events import EventBase, TurnAppendedPayload
 from tests.support.backends import BACKENDS, Backend
@@ -39,12 +41,14 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     await made.close()
 
 
-async def _abandoned(runtime: Runtime, session: str, user_id: str | None = None) -> None:
+async def _abandoned(
+    runtime: Runtime, session: str, user_id: str | None = None, agent: str = "agent"
+) -> None:
     """What a process that died right after its prompt leaves: a started run, silent."""
     writer = await runtime.open_session(
         Scope(session, user_id),
         run_id=new_id("run"),
-        agent="agent",
+        agent=agent,
         model="flaky",
         options=RunOptions(),
     )
@@ -126,6 +130,8 @@ async def test_a_run_whose_model_fails_every_second_call_is_parked_at_its_budget
     assert row.spent.cost_usd == pytest.approx(sum(t.payload.usage.cost_usd for t in turns))
     last = events[-1]
     assert isinstance(last, RunFailed) and last.payload.parked
+    park = worker.done[-1]
+    assert (park.reason, park.outcome) == ("abandoned", "parked") and said in park.detail
 
 
 class Hanging:
@@ -285,3 +291,87 @@ async def test_a_run_whose_takes_all_died_is_parked_without_another(backend: Bac
     )
     assert row is not None and row.status == "stuck" and row.last_error == f"Parked: {said}"
     assert model.calls == 0
+
+
+async def test_one_scan_takes_every_due_run_of_every_runtime_it_hosts_and_only_those(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # in flight, oldest first: a run waiting with no deadline (not due), a run of an
+    # agent this worker does not host, then a due run on each of two runtimes
+    first = SqliteRuntime(tmp_path / "a.db", lease_seconds=LEASE)
+    second = SqliteRuntime(tmp_path / "b.db", lease_seconds=LEASE)
+
+    async def ask(question: str) -> str:
+        """Ask a person."""
+        return str(await wait_for_signal("answer"))
+
+    asking = ScriptedModel([ScriptedModel.tool_call("ask", question="?"), "Done."])
+    waits = Agent("x", model=asking, runtime=first, tools=[ask], tuning=Tuning())
+    assert (await waits.run("Ask.", session_id="waits")).stop_reason == "waiting"
+    await _abandoned(first, "unhosted", agent="someone-else")
+    await _abandoned(first, "due-a")
+    await _abandoned(second, "due-b", "bob", agent="other")
+    for runtime, scope in ((first, Scope("due-a")), (second, Scope("due-b", "bob"))):
+        passed = functools.partial(_due, runtime, scope)
+        await eventually(passed, within=30, what="the leases to pass")
+    hosted = [
+        Agent("x", model=ScriptedModel(["A."]), runtime=first, tools=[ask], tuning=Tuning()),
+        Agent("x", model=ScriptedModel(["B."]), runtime=second, name="other", tuning=Tuning()),
+    ]
+    worker = Worker(hosted)
+    with caplog.at_level(logging.WARNING, logger="loomflow.worker"):
+        await asyncio.gather(*await worker.scan())
+        await asyncio.gather(*await worker.scan())  # the unhosted run is told of once
+    rows = {s: await first.store.session(Scope(s)) for s in ("waits", "unhosted", "due-a")}
+    rows["due-b"] = await second.store.session(Scope("due-b", "bob"))
+    await first.close()
+    await second.close()
+    assert sorted((o.session_id, o.user_id, o.reason, o.outcome) for o in worker.done) == [
+        ("due-a", None, "abandoned", "finished"),
+        ("due-b", "bob", "abandoned", "finished"),
+    ]
+    assert {s: r.status for s, r in rows.items() if r is not None} == {
+        "waits": "waiting",
+        "unhosted": "running",
+        "due-a": "finished",
+        "due-b": "finished",
+    }
+    said = [r.getMessage() for r in caplog.records if "does not host" in r.getMessage()]
+    assert said == [
+        f"{Scope('unhosted').describe()}: its run belongs to agent 'someone-else', which "
+        "this worker does not host (it hosts agent, other); left for a worker that does"
+    ]
+
+
+async def test_a_park_that_loses_the_session_to_another_claim_writes_nothing(
+    tmp_path: Path,
+) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db", lease_seconds=LEASE)
+    scope = Scope("s1", "alice")
+    agent = Agent("x", model=ScriptedModel(["A."]), runtime=runtime, tuning=Tuning())
+    worker = Worker([agent])
+    try:
+        await _abandoned(runtime, "s1", "alice")
+        seen = await eventually(lambda: _due(runtime, scope), within=30, what="the lease")
+        # another worker claims the run after this one read the row
+        await runtime.open_session(
+            scope,
+            run_id=new_id("run"),
+            agent="agent",
+            model="x",
+            worker="other",
+            claim_after=seen.last_seq,
+            options=RunOptions(),
+        )
+        before = await runtime.store.read_events(scope)
+        done = await worker._park(agent, seen, "abandoned", "over budget: test")
+        after = await runtime.store.read_events(scope)
+    finally:
+        await runtime.close()
+    assert (done.session_id, done.user_id, done.reason, done.outcome) == (
+        "s1",
+        "alice",
+        "abandoned",
+        "taken",
+    )
+    assert done.detail and [e.event_id for e in after] == [e.event_id for e in before]
