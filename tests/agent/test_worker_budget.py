@@ -204,6 +204,19 @@ async def test_a_stopping_worker_leaves_its_runs_at_their_next_step(backend: Bac
     assert len([e for e in events if isinstance(e, RunStarted) and e.payload.worker]) == 2
 
 
+async def _claimed(runtime: Runtime, scope: Scope, after_seq: int, worker: str) -> None:
+    """What a worker that claims the run after ``after_seq`` and dies at once leaves."""
+    await runtime.open_session(
+        scope,
+        run_id=new_id("run"),
+        agent="agent",
+        model="flaky",
+        worker=worker,
+        claim_after=after_seq,
+        options=RunOptions(),
+    )
+
+
 async def _due(runtime: Runtime, scope: Scope) -> Any:
     row = await runtime.store.session(scope)
     return row if row is not None and due(row) is not None else None
@@ -255,15 +268,7 @@ async def test_a_run_whose_takes_all_died_is_parked_without_another(backend: Bac
         await _abandoned(runtime, "flaky", "alice")
         for _ in range(2):
             row = await eventually(lambda: _due(runtime, scope), within=30, what="the lease")
-            await runtime.open_session(
-                scope,
-                run_id=new_id("run"),
-                agent="agent",
-                model="flaky",
-                worker="died",
-                claim_after=row.last_seq,
-                options=RunOptions(),
-            )
+            await _claimed(runtime, scope, row.last_seq, "died")
         await eventually(lambda: _due(runtime, scope), within=30, what="the lease to pass")
         worker = Worker([agent], max_attempts=2)
         await asyncio.gather(*await worker.scan())
@@ -354,15 +359,7 @@ async def test_a_park_that_loses_the_session_to_another_claim_writes_nothing(
         await _abandoned(runtime, "s1", "alice")
         seen = await eventually(lambda: _due(runtime, scope), within=30, what="the lease")
         # another worker claims the run after this one read the row
-        await runtime.open_session(
-            scope,
-            run_id=new_id("run"),
-            agent="agent",
-            model="x",
-            worker="other",
-            claim_after=seen.last_seq,
-            options=RunOptions(),
-        )
+        await _claimed(runtime, scope, seen.last_seq, "other")
         before = await runtime.store.read_events(scope)
         done = await worker._park(agent, seen, "abandoned", "over budget: test")
         after = await runtime.store.read_events(scope)
