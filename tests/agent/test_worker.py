@@ -544,16 +544,40 @@ async def test_heartbeats_keep_a_long_model_call_from_being_taken_over(tmp_path:
     assert watcher.done == []
 
 
-async def test_a_run_that_keeps_failing_is_parked_and_listed_as_stuck(tmp_path: Path) -> None:
+async def test_a_run_that_keeps_failing_is_parked_and_listed_as_stuck(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     db = tmp_path / "journal.db"
     await _abandoned_run(db, "s1")
     runtime = SqliteRuntime(db)
     broken = Research(passes=2).agent(runtime)
     broken.model = ScriptedModel([])  # every call fails: no replies
-    worker = Worker([broken], max_attempts=2, backoff_seconds=0.01)
-    await asyncio.gather(*await worker.scan())
+    worker = Worker([broken], name="w1", max_attempts=2, backoff_seconds=0.01)
+    with caplog.at_level(logging.INFO, logger="loomflow.worker"):
+        await asyncio.gather(*await worker.scan())
     row = await runtime.store.session(Scope("s1"))
     await runtime.close()
+    # what an operator reads of a run that keeps failing: each claim, each failure, the
+    # park and where to look; the TakeOver says the same to code
+    s1 = Scope("s1").describe()
+    said = [r.getMessage() for r in caplog.records if r.name == "loomflow.worker"]
+    assert said[0] == f"worker w1 claims {s1} (abandoned, attempt 1 of 2, take 1 of 10)"
+    assert said[1].startswith(f"worker w1: resuming {s1} failed: ModelError: ")
+    assert said[2] == f"worker w1 claims {s1} (abandoned, attempt 2 of 2, take 2 of 10)"
+    assert said[3].startswith(f"worker w1: resuming {s1} failed: ModelError: ")
+    assert said[4] == (
+        f"worker w1 parked {s1} (after 2 attempts): it waits for a person "
+        "(loomflow sessions ls --stuck)"
+    )
+    assert said[5:] == [f"worker w1: {s1} is parked"]
+    [done] = worker.done
+    assert (done.session_id, done.user_id, done.reason, done.outcome) == (
+        "s1",
+        None,
+        "abandoned",
+        "parked",
+    )
+    assert done.detail.startswith("scripted model 'scripted' has 0 replies")
     assert [o.outcome for o in worker.done] == ["parked"]
     assert row is not None and row.status == "stuck" and row.attempts == 2
     assert row.last_error is not None and "ModelError" in row.last_error
@@ -621,38 +645,3 @@ async def test_a_worker_refuses_bad_options_and_is_named_by_its_host_and_pid(
     assert (worker.poll_seconds, worker.backoff_seconds) == (0.5, 0)
     assert Worker([agent], name="w1").name == "w1"
     await runtime.close()
-
-
-async def test_a_workers_log_says_what_it_did_with_each_run(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    # what an operator reads of a run that keeps failing: each claim, each failure, the
-    # park and where to look; the TakeOver says the same to code
-    db = tmp_path / "journal.db"
-    await _abandoned_run(db, "s1")
-    runtime = SqliteRuntime(db)
-    broken = Research(passes=2).agent(runtime)
-    broken.model = ScriptedModel([])  # every call fails: no replies
-    worker = Worker([broken], name="w1", max_attempts=2, backoff_seconds=0.01)
-    with caplog.at_level(logging.INFO, logger="loomflow.worker"):
-        await asyncio.gather(*await worker.scan())
-    await runtime.close()
-    s1 = Scope("s1").describe()
-    said = [r.getMessage() for r in caplog.records if r.name == "loomflow.worker"]
-    assert said[0] == f"worker w1 claims {s1} (abandoned, attempt 1 of 2, take 1 of 10)"
-    assert said[1].startswith(f"worker w1: resuming {s1} failed: ModelError: ")
-    assert said[2] == f"worker w1 claims {s1} (abandoned, attempt 2 of 2, take 2 of 10)"
-    assert said[3].startswith(f"worker w1: resuming {s1} failed: ModelError: ")
-    assert said[4] == (
-        f"worker w1 parked {s1} (after 2 attempts): it waits for a person "
-        "(loomflow sessions ls --stuck)"
-    )
-    assert said[5:] == [f"worker w1: {s1} is parked"]
-    [done] = worker.done
-    assert (done.session_id, done.user_id, done.reason, done.outcome) == (
-        "s1",
-        None,
-        "abandoned",
-        "parked",
-    )
-    assert done.detail.startswith("scripted model 'scripted' has 0 replies")
