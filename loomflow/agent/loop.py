@@ -24,7 +24,6 @@ from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_o
 from loomflow.agent.tools import Tool, as_tool
 from loomflow.agent.tuning import SessionState, Tuning
 from loomflow.errors import (
-    CheckpointNotFoundError,
     InvalidEventError,
     LoomflowError,
     OutputValidationError,
@@ -73,7 +72,7 @@ from loomflow.schemas.events import (
 )
 
 if TYPE_CHECKING:
-    from loomflow.projections.fold import SessionRow, Waiting
+    from loomflow.schemas.sessions import SessionRecord, Waiting
 
 __all__ = ["DEFAULT_AGENT_NAME", "Agent"]
 
@@ -142,7 +141,7 @@ def _check_schema(schema: object) -> type[BaseModel] | None:
     return schema
 
 
-def _recorded(row: SessionRow | None) -> tuple[dict[str, Any] | None, RunOptions | None]:
+def _recorded(row: SessionRecord | None) -> tuple[dict[str, Any] | None, RunOptions | None]:
     """The metadata and options the session's latest run recorded (or the fork it
     started with): what a run that continues it is given."""
     return (None, None) if row is None else (row.run_metadata, row.run_options)
@@ -323,20 +322,20 @@ class Agent:
     async def _drive(
         self,
         scope: Scope,
-        options_for: Callable[[SessionRow | None], _RunOptions],
+        options_for: Callable[[SessionRecord | None], _RunOptions],
         prompt: str,
         *,
         mode: Literal["run", "resume"],
-        from_checkpoint: str | None = None,
         continuing: bool = False,
         take: _Take | None = None,
     ) -> RunResult:
         """Claim the session, restore it and run the loop on it, with the options that
         ``options_for`` makes of the session's row at the claim (a resume's: what the
-        latest run recorded, and the explicit keywords); raising there claims nothing."""
+        latest run recorded, and the explicit keywords); raising there claims nothing.
+        A ``mode="resume"`` run continues from the newest checkpoint the claim finds."""
         chosen: list[_RunOptions] = []
 
-        def prepare(row: SessionRow | None) -> tuple[dict[str, Any], RunOptions]:
+        def prepare(row: SessionRecord | None) -> tuple[dict[str, Any], RunOptions]:
             chosen[:] = [options_for(row)]
             return dict(chosen[0].context.metadata), chosen[0].recorded()
 
@@ -344,14 +343,15 @@ class Agent:
             scope,
             run_id=new_id("run"),
             mode=mode,
-            from_checkpoint=from_checkpoint,
             prepare=prepare,
             model=self.model.name,
             agent=self.name,
             claim_after=None if take is None else take.after_seq,
             worker=None if take is None else take.worker,
         )
-        restored = await self.runtime.restore(scope)
+        restored = await self.runtime.claimed(writer)  # no second read of the session
+        if mode == "resume" and restored.checkpoint_id is None:
+            logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
         run = _Run(self, writer, restored, chosen[0], continuing=continuing, take=take)
         return await run.drive(prompt)
 
@@ -391,25 +391,17 @@ class Agent:
             raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
         given = self._given(run_kwargs, user_id, session_id)
         scope = Scope.of(session_id, given.context.user_id)
-        latest = await self.runtime.store.checkpoint(scope, None)
         if from_checkpoint != "latest":
             validate_id(from_checkpoint, "checkpoint id")
-            target = await self.runtime.store.checkpoint(scope, from_checkpoint)
-            if target is None:
-                raise CheckpointNotFoundError(
-                    f"no checkpoint {from_checkpoint} for {scope.describe()}; list them with "
-                    "agent.list_checkpoints(session_id, user_id=...)"
-                )
-            if latest is not None and target.checkpoint_id != latest.checkpoint_id:
-                return await self._fork(scope, target.checkpoint_id, text, run_kwargs, given)
-        if latest is None:
-            logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
+            newest = await self.runtime.list_checkpoints(scope, 1)
+            if not newest or newest[0].checkpoint_id != from_checkpoint:
+                # an older checkpoint (or none of this session's: the fork raises)
+                return await self._fork(scope, from_checkpoint, text, run_kwargs, given)
         return await self._drive(
             scope,
             lambda row: self._continued(_recorded(row), run_kwargs, given, scope),
             text,
-            mode="run" if latest is None else "resume",
-            from_checkpoint=None if latest is None else latest.checkpoint_id,
+            mode="resume",
             continuing=prompt is None,
         )
 
@@ -454,13 +446,11 @@ class Agent:
         kwargs = {"emit": emit}
         given = self._given(kwargs, user_id, session_id)
         scope = Scope.of(session_id, user_id)
-        latest = await self.runtime.store.checkpoint(scope, None)
         return await self._drive(
             scope,
             lambda row: self._continued(_recorded(row), kwargs, given, scope),
             self.tuning.continuation_prompt,
-            mode="run" if latest is None else "resume",
-            from_checkpoint=None if latest is None else latest.checkpoint_id,
+            mode="resume",
             continuing=True,
             take=_Take(after_seq, worker, last_attempt, budget, stop),
         )
@@ -624,7 +614,7 @@ class Agent:
             agent=self.name,
             fork=origin,
         )
-        restored = await self.runtime.restore(child)
+        restored = await self.runtime.claimed(writer)
         return await _Run(self, writer, restored, options).drive(prompt)
 
     async def list_checkpoints(

@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
 from typing import Any
 
-from loomflow.errors import SignalTimeoutError
 from loomflow.runtime import current_journal
-from loomflow.schemas import StepRecorded
-from loomflow.schemas.clock import utcnow
-from loomflow.schemas.codec import input_hash
-from loomflow.schemas.events import RunWaitingPayload, StepRecordedPayload
+from loomflow.runtime.journal import Suspended
 
 __all__ = ["Suspended", "wait_for_signal"]
-
-
-class Suspended(BaseException):
-    """Raised through a tool or stop hook to end the run as waiting (not an Exception,
-    so that a tool's ``except Exception`` does not swallow it)."""
-
-    def __init__(self, waiting: RunWaitingPayload) -> None:
-        super().__init__(f"waiting for signal {waiting.signal!r}")
-        self.waiting = waiting
 
 
 # ``timeout`` is a durable deadline recorded in the log, not an in-process wait that
@@ -48,50 +34,4 @@ async def wait_for_signal(name: str, *, timeout: float | None = None) -> Any:  #
     journal = current_journal()
     if journal is None:
         raise RuntimeError("wait_for_signal() works inside a tool or a stop hook of an agent run")
-    writer = journal.writer
-    store = writer.runtime.store
-    key = journal.next_key(f"signal:{name}")
-    digest = input_hash([name])
-    recorded = await store.step(writer.scope, key)
-    if recorded is not None:
-        return _outcome(name, recorded.value)
-    deadline_key = f"{key}@until"
-    until_step = await store.step(writer.scope, deadline_key)
-    until: datetime | None = None
-    if until_step is not None:  # a wait resumed: its deadline was set the first time
-        until = datetime.fromisoformat(until_step.value["until"])
-    row = await store.session(writer.scope)
-    # the log decides: a signal recorded at or after the deadline does not answer this
-    # wait; it stays in the inbox, for a later wait of that name in the run
-    pending = (
-        next((s for s in row.inbox if s.name == name and (until is None or s.at < until)), None)
-        if row
-        else None
-    )
-    if pending is not None:
-        value = {"data": pending.data}
-        signal_seq: int | None = pending.seq
-    else:
-        if until is None and timeout is not None:
-            until = utcnow() + timedelta(seconds=timeout)
-            await writer.emit(
-                StepRecorded,
-                StepRecordedPayload(
-                    step_key=deadline_key, input_hash=digest, value={"until": until.isoformat()}
-                ),
-            )
-        if until is None or utcnow() < until:
-            where = "stop_hook" if journal.prefix.startswith("stop:") else "tool"
-            raise Suspended(RunWaitingPayload(signal=name, step_key=key, until=until, where=where))
-        value, signal_seq = {"timeout": True}, None
-    await writer.emit(
-        StepRecorded,
-        StepRecordedPayload(step_key=key, input_hash=digest, value=value, signal_seq=signal_seq),
-    )
-    return _outcome(name, value)
-
-
-def _outcome(name: str, value: Any) -> Any:
-    if isinstance(value, dict) and value.get("timeout"):
-        raise SignalTimeoutError(f"no signal {name!r} came before the wait's timeout")
-    return value["data"] if isinstance(value, dict) else None
+    return await journal.wait_for_signal(name, timeout=timeout)

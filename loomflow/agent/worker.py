@@ -36,12 +36,12 @@ from loomflow.errors import (
     RunOptionsError,
     RunTakenError,
 )
-from loomflow.projections.fold import SessionRow
 from loomflow.runtime import InProcRuntime, Runtime, Scope
 from loomflow.runtime.base import abandoned
 from loomflow.schemas import RunFailed, Usage, new_id
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.events import RunFailedPayload
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["Budget", "Reason", "Worker", "due"]
 
@@ -50,7 +50,7 @@ logger = logging.getLogger("loomflow.worker")
 Reason = Literal["abandoned", "signalled", "timed out"]
 
 
-def due(row: SessionRow) -> Reason | None:
+def due(row: SessionRecord) -> Reason | None:
     """Why a worker should take the session's run over now, or None: its writer went
     silent past its lease, or it waits for a signal that is in its inbox (or whose
     timeout passed)."""
@@ -90,7 +90,7 @@ class Budget:
         ):
             raise ValueError(f"Budget.cost_usd must be a positive number, not {cost!r}")
 
-    def spent(self, row: SessionRow, calls: int = 0, usage: Usage | None = None) -> str | None:
+    def spent(self, row: SessionRecord, calls: int = 0, usage: Usage | None = None) -> str | None:
         """Why the run of ``row`` may not spend more, having made ``calls`` model calls
         costing ``usage`` since the row was read; None while it may."""
         usage = row.spent if usage is None else row.spent + usage
@@ -103,7 +103,7 @@ class Budget:
             return f"the run cost ${usage.cost_usd:.6f}, its budget (cost_usd={self.cost_usd:g})"
         return None
 
-    def exceeded(self, row: SessionRow) -> str | None:
+    def exceeded(self, row: SessionRecord) -> str | None:
         """Why the run of ``row`` may not be taken over again; None while it may."""
         if row.takes >= self.takes:
             return f"workers took the run over {row.takes} times, its budget (takes={self.takes})"
@@ -229,7 +229,7 @@ class Worker:
         """Look once for runs to take over; start a take-over of each (returned)."""
         started = []
         for runtime in self._runtimes():
-            for row in await runtime.store.sessions_in_flight():
+            for row in await runtime.sessions_in_flight():
                 key = (row.user_id, row.session_id)
                 if key in self._busy or due(row) is None:
                     continue
@@ -307,12 +307,12 @@ class Worker:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    async def _take(self, agent: Agent, seen: SessionRow) -> TakeOver | None:
+    async def _take(self, agent: Agent, seen: SessionRecord) -> TakeOver | None:
         scope = Scope(seen.session_id, seen.user_id)
         retrying: Reason | None = None
         async with self._slots:
             while not self.stopping.is_set():
-                row = await agent.runtime.store.session(scope)  # as the log has it now
+                row = await agent.runtime.session(scope)  # as the log has it now
                 if row is None:
                     return None
                 # after our own attempt failed, the failed run is ours to try again
@@ -394,7 +394,7 @@ class Worker:
                 return TakeOver(scope.session_id, scope.user_id, reason, outcome)
         return None
 
-    async def _park(self, agent: Agent, row: SessionRow, reason: Reason, error: str) -> TakeOver:
+    async def _park(self, agent: Agent, row: SessionRecord, reason: Reason, error: str) -> TakeOver:
         """Give up on a run (it keeps failing or killing its process, it is over its
         budget, or it needs what this worker does not host): record the failure as
         parked, so it waits for a person instead of another worker. The claim carries

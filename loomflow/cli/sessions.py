@@ -29,9 +29,10 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from loomflow.projections.fold import CheckpointRow, SessionRow
+    from loomflow.projections.fold import CheckpointRow
     from loomflow.runtime import DatabaseStore, Runtime
     from loomflow.schemas import Message, Usage
+    from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["NAMES", "add_parser", "parse_when"]
 
@@ -393,7 +394,7 @@ def _none_of(user_id: Any) -> str:
     return "no sessions run without a user; --user U lists a user's, --all-users everyone's"
 
 
-async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRow:
+async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRecord:
     """The row of ``args.session`` for ``args.user``; another user's is "not found"."""
     from loomflow.runtime import Scope
 
@@ -576,7 +577,7 @@ def _user(user_id: str | None) -> str:
     return "no user" if user_id is None else f"user {user_id}"
 
 
-def _status(row: SessionRow) -> str:
+def _status(row: SessionRecord) -> str:
     # a session made by `sessions fork` (Runtime.fork) has had no run yet
     return "forked" if row.last_run_id is None else row.status
 
@@ -628,7 +629,7 @@ def _table(*columns: str) -> Table:
     return table
 
 
-def _sessions_table(rows: Sequence[SessionRow], *, parent: bool) -> Table:
+def _sessions_table(rows: Sequence[SessionRecord], *, parent: bool) -> Table:
     from rich.text import Text
 
     columns = ["session", "user", "status", "turns", "last activity", "tokens", "cost"]

@@ -3,10 +3,9 @@
 from loomflow.projections.fold import (
     CheckpointRow,
     Mutation,
-    SessionRow,
     StepRow,
     fold,
     materialise,
 )
 
-__all__ = ["CheckpointRow", "Mutation", "SessionRow", "StepRow", "fold", "materialise"]
+__all__ = ["CheckpointRow", "Mutation", "StepRow", "fold", "materialise"]

@@ -8,7 +8,7 @@ all of them hold the same read model for the same log.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -25,7 +25,6 @@ from loomflow.schemas import (
     Message,
     RunFailed,
     RunFinished,
-    RunOptions,
     RunStarted,
     RunWaiting,
     SessionErased,
@@ -37,6 +36,7 @@ from loomflow.schemas import (
     Usage,
 )
 from loomflow.schemas.events import CLAIM_TYPES
+from loomflow.schemas.sessions import PendingSignal, SessionRecord, Waiting
 
 __all__ = [
     "BASE_TYPES",
@@ -47,91 +47,22 @@ __all__ = [
     "DeleteCheckpoints",
     "EraseSession",
     "Mutation",
-    "PendingSignal",
     "PruneFilter",
     "PutCheckpoint",
     "PutStep",
     "RetainCheckpoints",
     "SessionKey",
-    "SessionRow",
-    "SessionStatus",
     "StepRow",
-    "Waiting",
     "fold",
     "materialise",
     "maybe_redelivered",
     "project",
 ]
 
-#: running: a writer holds it (or held it, and went silent: abandoned); waiting: its run
-#: stopped to wait for a signal; signalled: the signal it waits for came (a worker resumes
-#: it); stuck: a worker gave up on it
-SessionStatus = Literal["running", "waiting", "signalled", "finished", "failed", "stuck", "erased"]
-
 #: Events whose messages replace the transcript (a fork's origin, a compaction).
 BASE_TYPES = ("session.forked", "transcript.compacted")
 #: Events that carry transcript messages.
 TRANSCRIPT_TYPES = ("turn.appended", *BASE_TYPES)
-
-
-@dataclass(frozen=True)
-class Waiting:
-    """What a session's run stopped to wait for (``run.waiting``)."""
-
-    signal: str
-    step_key: str
-    until: datetime | None
-    where: Literal["tool", "stop_hook"]
-
-
-@dataclass(frozen=True)
-class PendingSignal:
-    """A signal in the session's inbox: sent, not yet received by a wait."""
-
-    seq: int
-    name: str
-    data: Any
-    at: datetime
-
-
-@dataclass(frozen=True)
-class SessionRow:
-    """A session's state after the events folded so far."""
-
-    user_id: str | None
-    session_id: str
-    created_at: datetime
-    updated_at: datetime
-    last_seq: int = 0
-    epoch: int = 0
-    status: SessionStatus = "running"
-    turns: int = 0
-    usage: Usage = field(default_factory=Usage)
-    message_count: int = 0
-    base_seq: int = 0
-    parent_session_id: str | None = None
-    parent_checkpoint_id: str | None = None
-    last_run_id: str | None = None
-    #: the agent of the latest run, and the silence after which that run is abandoned
-    agent: str | None = None
-    lease_seconds: float | None = None
-    #: what the session's run waits for (status "waiting"), and signals not received yet
-    waiting: Waiting | None = None
-    inbox: tuple[PendingSignal, ...] = ()
-    #: runs a worker started since the session last finished or waited, and the error
-    #: of the last failed run: a worker's bounded retries, kept across processes
-    attempts: int = 0
-    last_error: str | None = None
-    #: the metadata and options the latest run recorded in its run.started: what a run
-    #: that continues it is given (None: recorded before options were kept)
-    run_metadata: dict[str, Any] | None = None
-    run_options: RunOptions | None = None
-    #: a run's budget, kept across processes: the take-overs by workers since a caller
-    #: started the run or it last waited, and the model calls and usage since a caller
-    #: started it (``Worker`` parks a run past its limits)
-    takes: int = 0
-    spent_calls: int = 0
-    spent: Usage = field(default_factory=Usage)
 
 
 @dataclass(frozen=True)
@@ -201,14 +132,14 @@ Mutation = (
 )
 
 
-def fold(session: SessionRow | None, event: Event) -> tuple[SessionRow, list[Mutation]]:
+def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, list[Mutation]]:
     """Apply one event to a session; return its new row and the read-model mutations.
 
     Raises InvalidEventError (or a subclass) when the event cannot be applied: the
     session was erased, the writer's epoch is stale, or its seq is not the next one.
     """
     if session is None:
-        session = SessionRow(
+        session = SessionRecord(
             user_id=event.user_id,
             session_id=event.session_id,
             created_at=event.at,
@@ -402,7 +333,7 @@ class Change:
 
 
 def maybe_redelivered(
-    rows: Mapping[SessionKey, SessionRow | None], events: Iterable[Event]
+    rows: Mapping[SessionKey, SessionRecord | None], events: Iterable[Event]
 ) -> list[tuple[str | None, str, int]]:
     """(user, session, seq) of the events at or below their session's last seq.
 
@@ -417,10 +348,10 @@ def maybe_redelivered(
 
 
 def project(
-    rows: Mapping[SessionKey, SessionRow | None],
+    rows: Mapping[SessionKey, SessionRecord | None],
     events: Iterable[Event],
     stored: Mapping[tuple[str | None, str, int], str],
-) -> tuple[dict[SessionKey, SessionRow], list[Change]]:
+) -> tuple[dict[SessionKey, SessionRecord], list[Change]]:
     """The step every store applies to a batch of events: skip what it already holds,
     fold the rest.
 
@@ -435,7 +366,7 @@ def project(
     """
     current = dict(rows)
     held = dict(stored)
-    changed: dict[SessionKey, SessionRow] = {}
+    changed: dict[SessionKey, SessionRecord] = {}
     changes: list[Change] = []
     for event in events:
         key = (event.user_id, event.session_id)
@@ -455,11 +386,11 @@ def project(
     return changed, changes
 
 
-def _evolve(row: SessionRow, changes: dict[str, Any]) -> SessionRow:
+def _evolve(row: SessionRecord, changes: dict[str, Any]) -> SessionRecord:
     """``dataclasses.replace`` for the fold's hot path: a projector folds every event it
     consumes, and ``replace`` re-runs ``__init__`` field by field (~5 µs a call here).
     The row is frozen; its copy is filled in before anyone can see it."""
-    new = object.__new__(SessionRow)
+    new = object.__new__(SessionRecord)
     state = new.__dict__
     state.update(row.__dict__)
     state.update(changes)

@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 import orjson
 
 from loomflow.errors import CorruptRecordError
-from loomflow.projections.fold import CheckpointRow, PendingSignal, SessionRow, Waiting
+from loomflow.projections.fold import CheckpointRow
 from loomflow.schemas import Event, RunOptions, Usage
 from loomflow.schemas.codec import decode_event
+from loomflow.schemas.sessions import PendingSignal, SessionRecord, Waiting
 
 __all__ = [
     "CHECKPOINT_FIELDS",
@@ -70,7 +71,7 @@ def _moment(value: datetime | str) -> datetime:
     return value if isinstance(value, datetime) else datetime.fromisoformat(value)
 
 
-def control_parts(row: SessionRow) -> tuple[Any, ...]:
+def control_parts(row: SessionRecord) -> tuple[Any, ...]:
     """What the ``control`` column is made of: a store rewrites it when these change."""
     return (
         row.agent,
@@ -87,7 +88,7 @@ def control_parts(row: SessionRow) -> tuple[Any, ...]:
     )
 
 
-def control_json(row: SessionRow) -> str | None:
+def control_json(row: SessionRecord) -> str | None:
     """The ``control`` column: what a worker needs of the session (its agent, lease,
     what it waits for, its inbox of signals, the options its run recorded, its budget)
     as JSON; None when the session has none of it (sessions written before it was
@@ -172,10 +173,10 @@ def _control(text: str | None) -> dict[str, Any]:
     return fields
 
 
-def session_from_row(row: Sequence[Any]) -> SessionRow:
+def session_from_row(row: Sequence[Any]) -> SessionRecord:
     """A session row from the columns of SESSION_FIELDS."""
     try:
-        return SessionRow(
+        return SessionRecord(
             user_id=row[0] or None,
             session_id=row[1],
             status=row[2],

@@ -38,7 +38,6 @@ from loomflow.projections.fold import (
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
-    SessionRow,
     StepRow,
     maybe_redelivered,
     project,
@@ -55,6 +54,7 @@ from loomflow.projections.rows import (
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -340,7 +340,7 @@ def _uid(user_id: str | None) -> str:
 
 def load_session(
     conn: sqlite3.Connection, user_id: str | None, session_id: str
-) -> SessionRow | None:
+) -> SessionRecord | None:
     row = conn.execute(
         f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions "
         "WHERE user_id = ? AND session_id = ?",
@@ -356,7 +356,7 @@ def list_sessions(
     parent_session_id: str | None,
     limit: int,
     status: str | None = None,
-) -> list[SessionRow]:
+) -> list[SessionRecord]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
     sessions forked from it; with ``status``, only the sessions in it."""
@@ -378,7 +378,7 @@ def list_sessions(
     return [session_from_row(row) for row in rows]
 
 
-def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> list[SessionRow]:
+def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> list[SessionRecord]:
     """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
     running sessions, the longest silent first (their leases say which are abandoned);
     the signalled ones; the waiting ones whose wait timed out by ``now``."""
@@ -412,7 +412,7 @@ _SAVE_SESSION = (
 
 
 def save_session(
-    conn: sqlite3.Connection, row: SessionRow, before: SessionRow | None = None
+    conn: sqlite3.Connection, row: SessionRecord, before: SessionRecord | None = None
 ) -> None:
     """Store a session's row. ``before`` is the row as stored (None: perhaps none yet):
     then only the columns that changed are written, so SQLite leaves alone the indexes
@@ -685,7 +685,7 @@ class KnownRows:
     instead of reading it back and decoding it."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str | None, str], SessionRow] = {}
+        self.rows: dict[tuple[str | None, str], SessionRecord] = {}
         self._version: int | None = None
 
     def check(self, conn: sqlite3.Connection) -> None:
@@ -699,7 +699,7 @@ class KnownRows:
         self.rows.clear()
         self._version = None
 
-    def remember(self, changed: Mapping[tuple[str | None, str], SessionRow]) -> None:
+    def remember(self, changed: Mapping[tuple[str | None, str], SessionRecord]) -> None:
         """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them."""
         for key, row in changed.items():
             self.rows.pop(key, None)  # to the end: the least recently written go first
@@ -709,7 +709,7 @@ class KnownRows:
 
     def current(
         self, conn: sqlite3.Connection, user_id: str | None, session_id: str
-    ) -> SessionRow | None:
+    ) -> SessionRecord | None:
         """The session's row as this connection last committed it, if no other connection
         wrote since; None when it does not know (read it from the file)."""
         row = self.rows.get((user_id, session_id))
@@ -750,7 +750,7 @@ def commit_round(
             if known is not None:
                 known.remember(changed)
             return [None]
-        updates: dict[tuple[str | None, str], SessionRow] = {}
+        updates: dict[tuple[str | None, str], SessionRecord] = {}
         for events in batches:
             conn.execute("SAVEPOINT batch")
             try:
@@ -777,8 +777,8 @@ def commit_round(
 def apply_events(
     conn: sqlite3.Connection,
     events: Sequence[Event],
-    known: Mapping[tuple[str | None, str], SessionRow] | None = None,
-) -> dict[tuple[str | None, str], SessionRow]:
+    known: Mapping[tuple[str | None, str], SessionRecord] | None = None,
+) -> dict[tuple[str | None, str], SessionRecord]:
     """Fold events into the read model and append them to the log, in the caller's
     transaction; a refused event raises and the caller rolls the batch back. Return the
     sessions' new rows. ``known`` holds rows that are current in this transaction."""

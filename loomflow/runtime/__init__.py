@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from loomflow.runtime.base import RestoredState, Runtime
 from loomflow.runtime.inproc import InProcRuntime, InProcStore
 from loomflow.runtime.journal import Journal, current_journal
-from loomflow.runtime.scope import ANY_USER, PruneResult, Scope
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
-from loomflow.runtime.store import DatabaseStore, EventStore
+from loomflow.runtime.store import DatabaseStore, EventStore, PruneResult
 from loomflow.runtime.writer import SessionWriter
+from loomflow.schemas.scope import ANY_USER, Scope
 
 if TYPE_CHECKING:
     from loomflow.runtime.kafka import KafkaRuntime, KafkaStore

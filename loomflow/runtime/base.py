@@ -19,11 +19,9 @@ from loomflow.errors import (
     SignalRefusedError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import SessionRow
-from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import Scope
+from loomflow.projections.fold import fold
 from loomflow.runtime.store import EventStore
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS, SessionWriter
+from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS, SessionWriter, WritePolicy
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -38,7 +36,7 @@ from loomflow.schemas import (
     validate_id,
 )
 from loomflow.schemas.clock import utcnow
-from loomflow.schemas.codec import dumps
+from loomflow.schemas.codec import Serializer, dumps
 from loomflow.schemas.events import (
     DEFAULT_LEASE_SECONDS,
     MAX_SIGNAL_BYTES,
@@ -46,11 +44,13 @@ from loomflow.schemas.events import (
     SessionForkedPayload,
     SignalSentPayload,
 )
+from loomflow.schemas.scope import Scope
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["RestoredState", "Runtime", "abandoned"]
 
 
-def abandoned(row: SessionRow, default_lease: float = DEFAULT_LEASE_SECONDS) -> bool:
+def abandoned(row: SessionRecord, default_lease: float = DEFAULT_LEASE_SECONDS) -> bool:
     """Whether the session's run is running and its writer has been silent past its
     lease (the one its run.started recorded, else ``default_lease``)."""
     if row.status != "running":
@@ -88,7 +88,7 @@ class RestoredState:
     usage: Usage
     seq: int
     checkpoint_id: str | None
-    session: SessionRow
+    session: SessionRecord
 
 
 class Runtime(Resource):
@@ -143,6 +143,36 @@ class Runtime(Resource):
         """Release the store's connections and threads; the runtime cannot be used after."""
         await self._store.close()
 
+    async def session(self, scope: Scope) -> SessionRecord | None:
+        """The session as its log has it now (None: no events), for a process that
+        decides what to do with it (a worker about to take a run over)."""
+        return await self._store.session(scope)
+
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
+        """The sessions a worker looks at, of every user (see
+        ``EventStore.sessions_in_flight``)."""
+        return await self._store.sessions_in_flight(limit)
+
+    async def claimed(self, writer: SessionWriter) -> RestoredState:
+        """The session restored as ``writer``'s claim (``open_session``) left it: what a
+        run needs before its first model call, without reading the session again.
+        ``checkpoint_id`` names the checkpoint a ``mode="resume"`` claim continues from
+        (None: it had none and replays the log)."""
+        row, started = writer.claimed, writer.opened[-1]
+        if row is None or not isinstance(started, RunStarted):
+            raise ValueError("claimed() takes the writer of a claim made by open_session()")
+        # the claim was confirmed: the store holds every event of the session up to it
+        return RestoredState(
+            messages=await self._transcript(
+                writer.scope, row.base_seq, row.last_seq, row.message_count
+            ),
+            turns=row.turns,
+            usage=row.usage,
+            seq=row.last_seq,
+            checkpoint_id=started.payload.from_checkpoint,
+            session=row,
+        )
+
     async def open_session(
         self,
         scope: Scope,
@@ -152,7 +182,7 @@ class Runtime(Resource):
         from_checkpoint: str | None = None,
         metadata: dict[str, Any] | None = None,
         options: RunOptions | None = None,
-        prepare: Callable[[SessionRow | None], tuple[dict[str, Any] | None, RunOptions | None]]
+        prepare: Callable[[SessionRecord | None], tuple[dict[str, Any] | None, RunOptions | None]]
         | None = None,
         fork: SessionForkedPayload | None = None,
         model: str | None = None,
@@ -171,12 +201,17 @@ class Runtime(Resource):
         that continues another restores what that one recorded): what it raises refuses
         the claim, with nothing written.
 
-        ``claim_after`` makes the claim conditional: it is written only right after that
+        ``mode="resume"`` without ``from_checkpoint`` continues from the session's
+        newest checkpoint, found by the same read (a run of mode "run" when it has
+        none). The writer's ``claimed`` is the session as the claim left it (see
+        ``claimed``). ``claim_after``
+        makes the claim conditional: it is written only right after that
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
         """
+        newest = mode == "resume" and from_checkpoint is None
         for _ in range(8):
-            row = await self._store.session(scope)
+            row, latest = await self._store.head(scope, checkpoint=newest)
             if fork is not None and row is not None:
                 raise InvalidIdError(f"fork target {scope.describe()} already exists")
             if claim_after is not None and (row is None or row.last_seq != claim_after):
@@ -187,8 +222,8 @@ class Runtime(Resource):
             if prepare is not None:
                 metadata, options = prepare(row)
             started = RunStartedPayload(
-                mode=mode,
-                from_checkpoint=from_checkpoint,
+                mode="run" if newest and latest is None else mode,
+                from_checkpoint=latest if newest else from_checkpoint,
                 metadata=metadata or {},
                 options=options,
                 model=model,
@@ -201,8 +236,9 @@ class Runtime(Resource):
                 else None,
             )
             writer = SessionWriter(
-                self,
+                self._store,
                 scope,
+                policy=WritePolicy(self.retry_seconds, self.serializer),
                 run_id=run_id,
                 epoch=(row.epoch if row else 0) + 1,
                 next_seq=(row.last_seq if row else 0) + 1,
@@ -224,6 +260,9 @@ class Runtime(Resource):
                 continue  # another writer opened the session between our read and write
             writer.next_seq += len(events)
             writer.opened = events
+            for event in events:  # the session as the claim left it, without reading it again
+                row, _ = fold(row, event)
+            writer.claimed = row
             return writer
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"
@@ -263,7 +302,7 @@ class Runtime(Resource):
             )
         payload = SignalSentPayload(name=name, data=data)
 
-        def receivable(row: SessionRow) -> None:
+        def receivable(row: SessionRecord) -> None:
             if row.status in ("finished", "failed", "stuck"):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "

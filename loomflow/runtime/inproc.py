@@ -11,7 +11,6 @@ from loomflow.projections.fold import (
     CheckpointRow,
     EraseSession,
     PruneFilter,
-    SessionRow,
     StepRow,
     materialise,
     maybe_redelivered,
@@ -19,19 +18,20 @@ from loomflow.projections.fold import (
 )
 from loomflow.projections.memory import MemorySession, apply
 from loomflow.runtime.base import Runtime
-from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult, Scope
-from loomflow.runtime.store import EventStore
+from loomflow.runtime.store import EventStore, PruneResult
 from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event, Message, StepRecorded, utcnow
+from loomflow.schemas.codec import Serializer
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
+from loomflow.schemas.scope import Scope
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["InProcRuntime", "InProcStore"]
 
 
 @dataclass
 class _Entry:
-    row: SessionRow
+    row: SessionRecord
     log: list[Event] = field(default_factory=list)
     model: MemorySession = field(default_factory=MemorySession)
     #: the transcript from its latest base (``base_seq``) through the last event, kept as
@@ -84,11 +84,11 @@ class InProcStore(EventStore):
     def _entry(self, scope: Scope) -> _Entry | None:
         return self._sessions.get((scope.user_id, scope.session_id))
 
-    async def session(self, scope: Scope) -> SessionRow | None:
+    async def session(self, scope: Scope) -> SessionRecord | None:
         entry = self._entry(scope)
         return entry.row if entry else None
 
-    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
         now = utcnow()
         rows = sorted((e.row for e in self._sessions.values()), key=lambda r: r.updated_at)
         live = [r for r in rows if r.status in ("running", "signalled")][:limit]

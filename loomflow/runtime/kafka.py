@@ -48,20 +48,18 @@ from loomflow.projections import postgres as pg
 from loomflow.projections.fold import (
     CheckpointRow,
     PruneFilter,
-    SessionRow,
     StepRow,
     fold,
     materialise,
 )
 from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import RestoredState, Runtime
-from loomflow.runtime.journal import Serializer
 from loomflow.runtime.postgres import PostgresStore, _redact
-from loomflow.runtime.scope import PruneResult, Scope
-from loomflow.runtime.store import EventStore
+from loomflow.runtime.store import EventStore, PruneResult
 from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import (
     CheckpointsPruned,
+    CheckpointWritten,
     Event,
     Message,
     RunStarted,
@@ -69,8 +67,10 @@ from loomflow.schemas import (
     SignalSent,
     StepRecorded,
 )
-from loomflow.schemas.codec import decode_event
+from loomflow.schemas.codec import Serializer, decode_event
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS, MAX_EVENT_BYTES
+from loomflow.schemas.scope import Scope
+from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
 __all__ = ["KafkaRuntime", "KafkaStore"]
@@ -554,22 +554,42 @@ class KafkaStore(EventStore):
     async def _partition_of(self, scope: Scope) -> int:
         return await self._producer.partition_of(scope_key(scope.user_id, scope.session_id))
 
-    async def session(self, scope: Scope) -> SessionRow | None:
+    async def session(self, scope: Scope) -> SessionRecord | None:
         """The session as the log has it: the read model's row plus unprojected events
         (this store's own among them, so it never waits for the projector). What this
         store sent for the session is settled first: acknowledged, or known not to be in
         the log."""
+        row, _ = await self.head(scope)
+        return row
+
+    async def head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None]:
+        """``session``, and the newest checkpoint's id from the read model and the same
+        unprojected events: one read of the session and no wait for the projector
+        (unless an unprojected ``checkpoints.pruned`` makes the newest one unknown)."""
         await self.start()
         await self._settle({(scope.user_id, scope.session_id)}, quiet=True)
         row, since = await self.projected_session(scope)
+        latest: str | None = None
+        if checkpoint and row is not None:
+            projected = await self._reads.checkpoint(scope, None)
+            latest = None if projected is None else projected.checkpoint_id
+        pruned = False
         for event in await self.unprojected(scope, row.last_seq if row else 0, since):
             try:
                 row, _ = fold(row, event)
             except InvalidEventError:
                 break  # the projector will refuse it too; nothing after it counts yet
-        return row
+            if isinstance(event, CheckpointWritten):
+                latest = event.payload.checkpoint_id
+            pruned = pruned or isinstance(event, CheckpointsPruned)
+        if checkpoint and pruned:  # which one is the newest now: the projector knows
+            newest = await self.checkpoint(scope, None)
+            latest = None if newest is None else newest.checkpoint_id
+        return row, latest if checkpoint else None
 
-    async def projected_session(self, scope: Scope) -> tuple[SessionRow | None, int]:
+    async def projected_session(self, scope: Scope) -> tuple[SessionRecord | None, int]:
         """The session's row in the read model, and the projector's position in the
         session's partition read *before* it: the row holds every event below that
         position (it may hold later ones too), so reading the log from there misses
@@ -661,7 +681,7 @@ class KafkaStore(EventStore):
             del watch.steps[step_key]
         return await self._reads.step(scope, step_key)
 
-    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
         """The read model's runs in flight (it may lag the log: ``session`` has the
         session as the log holds it)."""
         await self.start()

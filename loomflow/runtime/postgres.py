@@ -11,16 +11,16 @@ import asyncpg
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import postgres as pg
-from loomflow.projections.fold import PruneFilter, SessionRow
+from loomflow.projections.fold import PruneFilter
 from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
-from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult
-from loomflow.runtime.store import DatabaseStore
+from loomflow.runtime.store import DatabaseStore, PruneResult
 from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
+from loomflow.schemas.codec import Serializer
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
+from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
 __all__ = ["PostgresRuntime", "PostgresStore"]
@@ -237,7 +237,7 @@ class PostgresStore(DatabaseStore):
         empty when it is PostgresRuntime's own log."""
         return await self._call(pg.consumed_topics)
 
-    async def matching_sessions(self, match: PruneFilter) -> list[SessionRow]:
+    async def matching_sessions(self, match: PruneFilter) -> list[SessionRecord]:
         """The live sessions that ``match`` selects."""
         return await self._call(pg.match_sessions, match)
 

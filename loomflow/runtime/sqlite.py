@@ -13,16 +13,17 @@ from typing import Any, ClassVar, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
-from loomflow.projections.fold import PruneFilter, SessionRow
+from loomflow.projections.fold import PruneFilter
 from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
-from loomflow.runtime.journal import Serializer
-from loomflow.runtime.scope import PruneResult, Scope
-from loomflow.runtime.store import DatabaseStore
+from loomflow.runtime.store import DatabaseStore, PruneResult
 from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
+from loomflow.schemas.codec import Serializer
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
+from loomflow.schemas.scope import Scope
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
 
@@ -182,7 +183,7 @@ class SqliteStore(DatabaseStore):
             # the next one tries again; a store that is away says so at its next write
             logger.warning("checkpointing the WAL of %s failed: %s", self.path, done.exception())
 
-    async def session(self, scope: Scope) -> SessionRow | None:
+    async def session(self, scope: Scope) -> SessionRecord | None:
         # the row of this store's own last commit, while no other connection wrote since:
         # a run's claim and a resume read it without waiting on the store's thread
         if self._direct is not None and self._direct_lock.acquire(blocking=False):

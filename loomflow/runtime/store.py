@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
 
@@ -11,9 +12,8 @@ from loomflow.errors import (
     SequenceConflictError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import CheckpointRow, PruneFilter, SessionRow, StepRow
+from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
 from loomflow.runtime.cache import TranscriptCache
-from loomflow.runtime.scope import ANY_USER, PruneResult, Scope
 from loomflow.schemas import (
     Event,
     Message,
@@ -25,8 +25,21 @@ from loomflow.schemas import (
 from loomflow.schemas.events import (
     SessionErasedPayload,
 )
+from loomflow.schemas.scope import ANY_USER, Scope
+from loomflow.schemas.sessions import SessionRecord
 
-__all__ = ["DatabaseStore", "EventStore", "prune_filter"]
+__all__ = ["DatabaseStore", "EventStore", "PruneResult", "prune_filter"]
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``store.prune`` deleted."""
+
+    sessions: int = 0
+    checkpoints: int = 0
+    steps: int = 0
+    events: int = 0
+
 
 #: the largest LIMIT both SQL dialects take (a 64-bit int); a larger one lists them all
 _MAX_LIMIT = 2**63 - 1
@@ -61,8 +74,18 @@ class EventStore(Resource, ABC):
         await self.append(events)
 
     @abstractmethod
-    async def session(self, scope: Scope) -> SessionRow | None:
+    async def session(self, scope: Scope) -> SessionRecord | None:
         """The session's row, or None when it has no events."""
+
+    async def head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None]:
+        """The session as ``session`` has it and, when ``checkpoint``, the id of its
+        newest checkpoint (None: it has none): what a run that claims the session reads
+        of it, once."""
+        row = await self.session(scope)
+        latest = await self.checkpoint(scope, None) if checkpoint and row is not None else None
+        return row, None if latest is None else latest.checkpoint_id
 
     @abstractmethod
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
@@ -90,7 +113,7 @@ class EventStore(Resource, ABC):
     async def read_events(self, scope: Scope, after_seq: int = 0) -> list[Event]:
         """The session's events after ``after_seq``, in order."""
 
-    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
         """Where a worker looks for runs to take over (of every user), up to ``limit`` of
         each kind: the running sessions, the longest silent first (their leases say which
         are abandoned); the signalled ones; the waiting ones whose wait timed out."""
@@ -131,7 +154,7 @@ class EventStore(Resource, ABC):
         payload: Any,
         *,
         claim: bool = False,
-        check: Callable[[SessionRow], None] | None = None,
+        check: Callable[[SessionRecord], None] | None = None,
     ) -> int | None:
         """Append one event outside any run, right after the session's last one; return
         its seq, or None when the session does not exist or was erased.
@@ -231,8 +254,8 @@ class DatabaseStore(EventStore):
         """Drop what the transcript cache holds of the session (of every session: None)."""
         self._cache.forget(None if scope is None else (scope.user_id, scope.session_id))
 
-    async def session(self, scope: Scope) -> SessionRow | None:
-        row: SessionRow | None = await self._read(self.queries.load_session, scope)
+    async def session(self, scope: Scope) -> SessionRecord | None:
+        row: SessionRecord | None = await self._read(self.queries.load_session, scope)
         return row
 
     async def list_sessions(
@@ -242,7 +265,7 @@ class DatabaseStore(EventStore):
         parent_session_id: str | None = None,
         limit: int = 100,
         status: str | None = None,
-    ) -> list[SessionRow]:
+    ) -> list[SessionRecord]:
         """Up to ``limit`` sessions, the most recently active first; metadata only.
 
         ``user_id`` has no default: a user's id, None for the sessions run without a
@@ -257,7 +280,7 @@ class DatabaseStore(EventStore):
             validate_id(user_id, "user_id")
         if parent_session_id is not None:
             validate_id(parent_session_id, "parent_session_id")
-        rows: list[SessionRow] = await self._query(
+        rows: list[SessionRecord] = await self._query(
             self.queries.list_sessions,
             None if any_user else user_id,
             any_user,
@@ -267,8 +290,10 @@ class DatabaseStore(EventStore):
         )
         return rows
 
-    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRow]:
-        rows: list[SessionRow] = await self._query(self.queries.sessions_in_flight, utcnow(), limit)
+    async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
+        rows: list[SessionRecord] = await self._query(
+            self.queries.sessions_in_flight, utcnow(), limit
+        )
         return rows
 
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:

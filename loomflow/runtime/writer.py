@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from loomflow.errors import (
@@ -12,21 +13,34 @@ from loomflow.errors import (
     LoomflowError,
     StoreUnavailableError,
 )
-from loomflow.runtime.scope import Scope
 from loomflow.schemas import (
     Event,
     EventBase,
     RunHeartbeat,
 )
+from loomflow.schemas.codec import Serializer
+from loomflow.schemas.scope import Scope
 
 if TYPE_CHECKING:
-    from loomflow.runtime.base import Runtime
+    from loomflow.runtime.store import EventStore
+    from loomflow.schemas.sessions import SessionRecord
 
-__all__ = ["DEFAULT_RETRY_SECONDS", "SessionWriter"]
+__all__ = ["DEFAULT_RETRY_SECONDS", "SessionWriter", "WritePolicy"]
 
 #: how long a run's writes keep trying while the store says it is briefly away (a broker or
 #: database restarting) before the run fails, resumable: ``Runtime(retry_seconds=...)``
 DEFAULT_RETRY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class WritePolicy:
+    """How a run's writer treats its store: how long its writes keep trying while the
+    store is briefly away, and how its journal encodes step values (its runtime's
+    ``retry_seconds`` and ``serializer``)."""
+
+    retry_seconds: float = DEFAULT_RETRY_SECONDS
+    serializer: Serializer = "json"
+
 
 logger = logging.getLogger("loomflow.runtime")
 
@@ -42,7 +56,7 @@ async def _within(give_up: float, work: Awaitable[T]) -> T:
     """Await ``work`` until ``give_up`` (a loop time), or MIN_ATTEMPT_SECONDS if that is
     later; past it, StoreUnavailableError (retriable): a client that waits on a server
     that is gone (Kafka's producer does, for its request timeout) does not hold the run
-    past its runtime's retry_seconds."""
+    past its policy's retry_seconds."""
     bound = max(give_up - asyncio.get_running_loop().time(), MIN_ATTEMPT_SECONDS)
     deadline = asyncio.timeout(bound)
     try:
@@ -69,14 +83,22 @@ class SessionWriter:
     to learn how many landed, and goes on after them, giving back the seqs of those that
     did not. So an unknown outcome never turns into a taken seq or a gap. When the
     failure is retriable (the store says it is briefly away), the writer does that at
-    once and writes again what did not land, with backoff, for up to its runtime's
+    once and writes again what did not land, with backoff, for up to its policy's
     ``retry_seconds``: a run rides out a broker or database restart instead of failing.
     """
 
     def __init__(
-        self, runtime: Runtime, scope: Scope, *, run_id: str, epoch: int, next_seq: int
+        self,
+        store: EventStore,
+        scope: Scope,
+        *,
+        run_id: str,
+        epoch: int,
+        next_seq: int,
+        policy: WritePolicy | None = None,
     ) -> None:
-        self.runtime = runtime
+        self.store = store
+        self.policy = policy or WritePolicy()
         self.scope = scope
         self.run_id = run_id
         self.epoch = epoch
@@ -85,8 +107,10 @@ class SessionWriter:
         self._in_doubt: list[Event] = []
         #: events sent without waiting for durability: the next append waits for them
         self._unacked: list[Event] = []
-        #: the events that claimed the session for this run (written by open_session)
+        #: the events that claimed the session for this run (written by open_session),
+        #: and the session as they left it
         self.opened: list[Event] = []
+        self.claimed: SessionRecord | None = None
         #: told of each batch once the log acknowledged it (a run's ``emit``)
         self.observer: Callable[[list[Event]], Awaitable[None]] | None = None
         # a run's loop and its heartbeat write through the same writer, one at a time
@@ -152,7 +176,7 @@ class SessionWriter:
             return await self._write_alone(cls, payload, durable=durable)
 
     async def _write_alone(self, cls: type[E], payload: Any, *, durable: bool) -> E:
-        give_up = asyncio.get_running_loop().time() + self.runtime.retry_seconds
+        give_up = asyncio.get_running_loop().time() + self.policy.retry_seconds
         if self._in_doubt:
             await self._observe(await _within(give_up, self._resolve_doubt()))
         staged, self._staged = self._staged, []
@@ -161,7 +185,7 @@ class SessionWriter:
         failures = 0
         while True:
             try:
-                if self.runtime.store.appends_bounded:
+                if self.store.appends_bounded:
                     await self._append(batch, durable=durable)
                 else:
                     await _within(give_up, self._append(batch, durable=durable))
@@ -181,7 +205,7 @@ class SessionWriter:
                         self.scope.describe(),
                         type(exc).__name__,
                         exc,
-                        f"trying again for up to {self.runtime.retry_seconds:g} s"
+                        f"trying again for up to {self.policy.retry_seconds:g} s"
                         if retriable
                         else "the run goes on without the checkpoint",
                     )
@@ -214,7 +238,7 @@ class SessionWriter:
     async def _append(self, batch: list[Event], *, durable: bool = True) -> None:
         self._last_write = asyncio.get_running_loop().time()
         self.next_seq = batch[-1].seq + 1
-        store = self.runtime.store
+        store = self.store
         try:
             await (store.append(batch) if durable else store.send(batch))
         except InvalidEventError:
@@ -240,7 +264,7 @@ class SessionWriter:
     async def _resolve_doubt(self) -> list[Event]:
         """Learn how many of the events in doubt landed; return those."""
         batch = self._in_doubt
-        row = await self.runtime.store.session(self.scope)  # raises while the store is away
+        row = await self.store.session(self.scope)  # raises while the store is away
         landed = row.last_seq if row is not None else 0
         # a batch lands as a prefix (a transaction, or records of one partition in order)
         self.next_seq = max(batch[0].seq, min(landed, batch[-1].seq) + 1)
@@ -264,7 +288,7 @@ class SessionWriter:
             staged, self._staged = self._staged, []
             await self._append(staged)
         try:
-            await self.runtime.store.confirm(self.scope)
+            await self.store.confirm(self.scope)
         except InvalidEventError:
             raise
         except BaseException:

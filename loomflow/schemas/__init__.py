@@ -32,8 +32,11 @@ from loomflow.schemas.messages import (
     ToolCall,
     Usage,
 )
+from loomflow.schemas.scope import ANY_USER, Scope
+from loomflow.schemas.sessions import PendingSignal, SessionRecord, SessionStatus, Waiting
 
 __all__ = [
+    "ANY_USER",
     "Checkpoint",
     "CheckpointMeta",
     "CheckpointWritten",
@@ -41,6 +44,7 @@ __all__ = [
     "Event",
     "EventBase",
     "Message",
+    "PendingSignal",
     "RedactedThinkingBlock",
     "Role",
     "RunFailed",
@@ -51,8 +55,11 @@ __all__ = [
     "RunStarted",
     "RunWaiting",
     "SchemaRef",
+    "Scope",
     "SessionErased",
     "SessionForked",
+    "SessionRecord",
+    "SessionStatus",
     "SignalSent",
     "StepRecorded",
     "StopReason",
@@ -63,6 +70,7 @@ __all__ = [
     "TranscriptCompacted",
     "TurnAppended",
     "Usage",
+    "Waiting",
     "new_id",
     "utcnow",
     "validate_id",

@@ -1112,9 +1112,9 @@ async def _waited_an_hour_ago(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> 
     """Run ``agent`` on session "pay" until it waits, with the clock of its waits an
     hour behind: the minute its wait allows has passed when the run returns, and the
     test need not sleep through it."""
-    from loomflow.agent import signals
+    from loomflow.runtime import journal
 
     with monkeypatch.context() as patch:
-        patch.setattr(signals, "utcnow", lambda: utcnow() - timedelta(hours=1))
+        patch.setattr(journal, "utcnow", lambda: utcnow() - timedelta(hours=1))
         result = await agent.run("Pay.", session_id="pay")
     assert (result.stop_reason, result.waiting_for) == ("waiting", "approve")

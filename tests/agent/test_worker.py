@@ -31,9 +31,9 @@ from loomflow import (
 )
 from loomflow.agent.worker import Budget, Worker
 from loomflow.models.scripted import ScriptedModel
-from loomflow.projections.fold import SessionRow
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.runtime.base import abandoned
+from loomflow.schemas.sessions import SessionRecord
 from tests.support.scenario import Research
 from tests.support.signals import approval_agent
 from tests.support.waiting import eventually, kill_once_hanging
@@ -196,7 +196,7 @@ async def test_two_workers_racing_for_one_abandoned_run_resume_it_once(
     assert row.status == "finished" and row.epoch == seen.epoch + 1  # claimed once
 
 
-async def _row(db: Path, session: str) -> SessionRow:
+async def _row(db: Path, session: str) -> SessionRecord:
     runtime = SqliteRuntime(db)
     try:
         row = await runtime.store.session(Scope(session))

@@ -21,7 +21,7 @@ import pytest
 from loomflow import Agent, Tuning
 from loomflow.cli import main
 from loomflow.models import ScriptedModel
-from loomflow.projections.fold import CheckpointRow, SessionRow
+from loomflow.projections.fold import CheckpointRow
 from loomflow.runtime import (
     ANY_USER,
     DatabaseStore,
@@ -30,6 +30,7 @@ from loomflow.runtime import (
     Scope,
     SqliteRuntime,
 )
+from loomflow.schemas.sessions import SessionRecord
 from tests.support.services import postgres_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,9 +149,9 @@ def _read(db: Path, read: Callable[[Runtime], object]) -> object:
     return asyncio.run(go())
 
 
-def _row(db: Path, session_id: str, user_id: str | None) -> SessionRow | None:
+def _row(db: Path, session_id: str, user_id: str | None) -> SessionRecord | None:
     row = _read(db, lambda runtime: runtime.store.session(Scope(session_id, user_id)))
-    assert row is None or isinstance(row, SessionRow)
+    assert row is None or isinstance(row, SessionRecord)
     return row
 
 

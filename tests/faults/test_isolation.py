@@ -55,11 +55,12 @@ from loomflow.errors import (
 from loomflow.models import ScriptedModel
 from loomflow.processors.rebuild import rebuild
 from loomflow.producers import EventProducer, Topics, scope_key
-from loomflow.projections.fold import CheckpointRow, SessionRow
+from loomflow.projections.fold import CheckpointRow
 from loomflow.runtime import DatabaseStore, PostgresStore, RestoredState, Runtime, Scope
 from loomflow.runtime.kafka import KafkaRuntime
 from loomflow.schemas import Event, EventBase, Message, TurnAppended
 from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 from tests.faults.conftest import Trials
 from tests.support.backends import BACKENDS, Backend
@@ -284,7 +285,7 @@ async def _victim(runtime: Runtime, scope: Scope) -> list[str]:
 
 # -- what a user sees ----------------------------------------------------------------------
 
-Listing = Callable[[str | None], Awaitable[list[SessionRow]]]
+Listing = Callable[[str | None], Awaitable[list[SessionRecord]]]
 
 
 def _listing(runtime: Runtime, readers: list[PostgresStore]) -> Listing | None:
@@ -300,7 +301,7 @@ def _listing(runtime: Runtime, readers: list[PostgresStore]) -> Listing | None:
         return None
     reader = store
 
-    async def listed(user: str | None) -> list[SessionRow]:
+    async def listed(user: str | None) -> list[SessionRecord]:
         return await reader.list_sessions(user_id=user, limit=100_000)
 
     return listed
@@ -345,7 +346,7 @@ def _brief(value: object) -> object:
         return [_brief(v) for v in value]
     if isinstance(value, EventBase):
         return type(value).__name__
-    if isinstance(value, SessionRow):
+    if isinstance(value, SessionRecord):
         return (value.user_id, value.session_id, value.status, value.turns, value.parent_session_id)
     return value
 
@@ -384,7 +385,7 @@ async def _attempt(
     agent = _Counting(runtime).agent
     ckpts = world.checkpoints
 
-    async def listing() -> list[SessionRow]:
+    async def listing() -> list[SessionRecord]:
         assert listed is not None
         rows = await listed(intruder)
         assert {r.user_id for r in rows} <= {intruder}, "a listing showed another user's sessions"

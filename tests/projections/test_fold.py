@@ -19,7 +19,6 @@ from loomflow.projections.fold import (
     PutCheckpoint,
     RetainCheckpoints,
     SessionKey,
-    SessionRow,
     fold,
     materialise,
     project,
@@ -40,6 +39,7 @@ from loomflow.schemas import (
     TurnAppended,
     Usage,
 )
+from loomflow.schemas.sessions import SessionRecord
 
 U = Usage(input_tokens=10, output_tokens=2, cost_usd=0.01)
 
@@ -70,8 +70,8 @@ def ckpt(seq: int, count: int, retain: int = 2) -> CheckpointWritten:
     )
 
 
-def run(events: list[Event]) -> tuple[SessionRow, list[object]]:
-    row: SessionRow | None = None
+def run(events: list[Event]) -> tuple[SessionRecord, list[object]]:
+    row: SessionRecord | None = None
     out: list[object] = []
     for event in events:
         row, mutations = fold(row, event)
@@ -378,7 +378,7 @@ def test_project_skips_an_event_given_twice_in_one_batch() -> None:
 
 def test_project_forgets_only_the_erased_sessions_stored_ids() -> None:
     other = RunStarted(session_id="t", run_id="r", seq=1, epoch=1)
-    rows: dict[SessionKey, SessionRow | None] = {
+    rows: dict[SessionKey, SessionRecord | None] = {
         (None, "s"): run([started(), turn(2, "a")])[0],
         (None, "t"): fold(None, other)[0],
     }

@@ -17,10 +17,10 @@ from loomflow import Message
 from loomflow.errors import ProjectionTimeoutError, StaleWriterError, StoreError
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer
-from loomflow.projections.fold import SessionRow
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
 from loomflow.schemas import TurnAppended, new_id
 from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas.sessions import SessionRecord
 from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
@@ -209,7 +209,7 @@ async def test_concurrent_reads_on_one_runtime_while_the_projector_is_stopped(
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, errors[:3]
     for found in results[:20]:
-        assert isinstance(found, SessionRow) and found.last_seq == row.last_seq + 3
+        assert isinstance(found, SessionRecord) and found.last_seq == row.last_seq + 3
     for state in results[20:]:
         assert isinstance(state, RestoredState) and state.seq == row.last_seq + 3
         assert [m.content for m in state.messages[-3:]] == ["late 1", "late 2", "late 3"]
@@ -254,4 +254,49 @@ async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
     )
     with pytest.raises(StoreError, match=r"dev/postgres\.sh start"):
         await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    await runtime.close()
+
+
+async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_before_its_model(
+    env: KafkaEnv,
+) -> None:
+    """What a Kafka resume pays before its first model call: one read of the session (the
+    read model's row plus the log's unprojected tail, with the newest checkpoint) and one
+    wait for the projector (the claim's confirmation); returning waits once more, so that
+    every process reads the run's checkpoints (design: "One synchronous point per run")."""
+    await env.start_projector()
+    runtime = env.runtime()
+    await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
+    store = runtime.store
+    seen: list[str] = []
+    read_session, projected = store._reads.session, store._projected
+
+    async def counted_read(scope: Scope) -> SessionRecord | None:
+        seen.append("session read")
+        return await read_session(scope)
+
+    async def counted_wait(wanted: dict[int, int]) -> None:
+        seen.append("projector wait")
+        await projected(wanted)
+
+    store._reads.session = counted_read  # type: ignore[method-assign]
+    store._projected = counted_wait  # type: ignore[method-assign]
+    follow = Research(passes=3)
+    agent = follow.agent(runtime)
+    complete = agent.model.complete
+
+    async def first_call(*args: Any, **kwargs: Any) -> Any:
+        seen.append("model call")
+        return await complete(*args, **kwargs)
+
+    agent.model.complete = first_call  # type: ignore[method-assign]
+    result = await agent.resume(session_id="s1")
+    assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
+    before_model = seen[: seen.index("model call")]
+    assert before_model == ["session read", "projector wait"]
+    assert [s for s in seen if s != "model call"] == [
+        "session read",
+        "projector wait",
+        "projector wait",  # the run's return: its checkpoints are readable everywhere
+    ]
     await runtime.close()

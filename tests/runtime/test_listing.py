@@ -10,8 +10,8 @@ import pytest
 
 from loomflow import Agent, Tuning
 from loomflow.models import ScriptedModel
-from loomflow.projections.fold import SessionRow
 from loomflow.runtime import ANY_USER, DatabaseStore, Runtime, Scope
+from loomflow.schemas.sessions import SessionRecord
 from tests.support.backends import BACKENDS, Backend
 
 
@@ -32,7 +32,7 @@ def _agent(runtime: Runtime) -> Agent:
     )
 
 
-def _ids(rows: Sequence[SessionRow]) -> list[tuple[str | None, str]]:
+def _ids(rows: Sequence[SessionRecord]) -> list[tuple[str | None, str]]:
     return [(r.user_id, r.session_id) for r in rows]
 
 

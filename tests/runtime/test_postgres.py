@@ -210,7 +210,7 @@ async def test_two_pools_racing_for_each_seq_lose_nothing(dsn: str, schema: str)
     run_id = new_id("run")
     # the same epoch in both: only the seq decides, as for two writers of one run
     writers = [
-        SessionWriter(rt, scope, run_id=run_id, epoch=1, next_seq=1) for rt in (first, second)
+        SessionWriter(rt.store, scope, run_id=run_id, epoch=1, next_seq=1) for rt in (first, second)
     ]
     acknowledged: list[Event] = []
     for round_ in range(30):

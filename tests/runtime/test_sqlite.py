@@ -389,14 +389,14 @@ def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
 ) -> None:
     # a worker writing many sessions keeps the rows of the latest ones, not of every one
     from loomflow.projections import sqlite as sql
-    from loomflow.projections.fold import SessionRow
     from loomflow.schemas import utcnow
+    from loomflow.schemas.sessions import SessionRecord
 
     monkeypatch.setattr(sql, "KNOWN_ROWS", 3)
     now = utcnow()
 
-    def rows(*names: str) -> dict[tuple[str | None, str], SessionRow]:
-        return {(None, n): SessionRow(None, n, created_at=now, updated_at=now) for n in names}
+    def rows(*names: str) -> dict[tuple[str | None, str], SessionRecord]:
+        return {(None, n): SessionRecord(None, n, created_at=now, updated_at=now) for n in names}
 
     known = sql.KnownRows()
     known.remember(rows("a", "b", "c", "d"))

@@ -11,7 +11,6 @@ from collections.abc import Awaitable, Sequence
 import pytest
 
 from loomflow.errors import StaleWriterError, StoreError, StoreUnavailableError
-from loomflow.projections.fold import SessionRow
 from loomflow.runtime import InProcStore, Runtime, Scope, SessionWriter
 from loomflow.runtime import writer as writer_module
 from loomflow.schemas import (
@@ -24,6 +23,7 @@ from loomflow.schemas import (
     new_id,
 )
 from loomflow.schemas.events import CheckpointWrittenPayload, TurnAppendedPayload
+from loomflow.schemas.sessions import SessionRecord
 from tests.support.waiting import eventually
 
 SCOPE = Scope("s1")
@@ -252,7 +252,7 @@ async def test_the_log_is_read_again_after_a_failure_until_the_store_answers() -
             super().__init__()
             self.reads_fail: list[Exception] = []
 
-        async def session(self, scope: Scope) -> SessionRow | None:
+        async def session(self, scope: Scope) -> SessionRecord | None:
             if self.reads_fail:
                 raise self.reads_fail.pop(0)
             return await super().session(scope)

@@ -17,7 +17,6 @@ from loomflow.projections.fold import (
     TRANSCRIPT_TYPES,
     CheckpointRow,
     PruneFilter,
-    SessionRow,
     StepRow,
 )
 from loomflow.projections.postgres.schema import quoted
@@ -34,6 +33,7 @@ from loomflow.projections.rows import (
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
     "get_checkpoint",
@@ -55,7 +55,7 @@ logger = logging.getLogger("loomflow.projections.postgres")
 
 async def load_session(
     conn: asyncpg.Connection, schema: str, user_id: str | None, session_id: str
-) -> SessionRow | None:
+) -> SessionRecord | None:
     """The session's row, or None when it has no events."""
     row = await conn.fetchrow(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
@@ -74,7 +74,7 @@ async def list_sessions(
     parent_session_id: str | None,
     limit: int,
     status: str | None = None,
-) -> list[SessionRow]:
+) -> list[SessionRecord]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
     sessions forked from it; with ``status``, only the sessions in it."""
@@ -100,7 +100,7 @@ async def list_sessions(
 
 async def sessions_in_flight(
     conn: asyncpg.Connection, schema: str, now: datetime, limit: int
-) -> list[SessionRow]:
+) -> list[SessionRecord]:
     """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
     running sessions, the longest silent first (their leases say which are abandoned);
     the signalled ones; the waiting ones whose wait timed out by ``now``."""
@@ -123,7 +123,7 @@ async def sessions_in_flight(
 
 async def match_sessions(
     conn: asyncpg.Connection, schema: str, match: PruneFilter
-) -> list[SessionRow]:
+) -> list[SessionRecord]:
     """Rows of the live (not erased) sessions that ``match`` selects."""
     args: list[Any] = []
     where = [matching(match, args), "status <> 'erased'"]

@@ -8,10 +8,10 @@ from typing import Any
 
 from loomflow.projections.fold import (
     PruneFilter,
-    SessionRow,
 )
 from loomflow.projections.rows import control_json
 from loomflow.schemas import Event
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
     "LOG_COLUMNS",
@@ -105,7 +105,7 @@ def arrays(columns: Columns, rows: Sequence[Any]) -> list[list[object]]:
     return [[value(row) for row in rows] for _, _, value in columns]
 
 
-def by_scope(row: Event | SessionRow) -> tuple[str, str]:
+def by_scope(row: Event | SessionRecord) -> tuple[str, str]:
     # rows written in key order: two batches creating the same new sessions wait on each
     # other in the same order instead of deadlocking
     return uid(row.user_id), row.session_id

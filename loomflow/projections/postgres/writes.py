@@ -25,7 +25,6 @@ from loomflow.projections.fold import (
     PutStep,
     RetainCheckpoints,
     SessionKey,
-    SessionRow,
     maybe_redelivered,
     project,
 )
@@ -45,6 +44,7 @@ from loomflow.projections.postgres.tables import (
 )
 from loomflow.projections.rows import session_from_row
 from loomflow.schemas import Event
+from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
     "apply",
@@ -61,7 +61,7 @@ _COPY_FROM = 64
 
 async def _lock_sessions(
     conn: asyncpg.Connection, schema: str, keys: list[tuple[str, str]]
-) -> dict[SessionKey, SessionRow]:
+) -> dict[SessionKey, SessionRecord]:
     # locked in key order: two batches touching the same sessions cannot deadlock
     rows = await conn.fetch(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
@@ -74,7 +74,9 @@ async def _lock_sessions(
     return {(r.user_id, r.session_id): r for r in loaded}
 
 
-async def save_sessions(conn: asyncpg.Connection, schema: str, rows: Iterable[SessionRow]) -> None:
+async def save_sessions(
+    conn: asyncpg.Connection, schema: str, rows: Iterable[SessionRecord]
+) -> None:
     """Insert or replace session rows, in one statement."""
     ordered = sorted(rows, key=by_scope)
     if ordered:
@@ -86,7 +88,7 @@ async def _write(
     conn: asyncpg.Connection,
     schema: str,
     events: list[Event],
-    sessions: list[SessionRow],
+    sessions: list[SessionRecord],
     payloads: Mapping[int, str],
 ) -> None:
     """Append log rows and save session rows.

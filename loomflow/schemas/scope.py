@@ -1,15 +1,13 @@
-"""Whose data an operation touches, and what store-wide operations report."""
+"""Whose data an operation touches: every read and write is scoped by (user, session)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from loomflow.schemas import (
-    validate_id,
-)
+from loomflow.schemas.ids import validate_id
 
-__all__ = ["ANY_USER", "PruneResult", "Scope"]
+__all__ = ["ANY_USER", "Scope"]
 
 
 class _AnyUser:
@@ -45,13 +43,3 @@ class Scope:
     def describe(self) -> str:
         who = "no user" if self.user_id is None else f"user {self.user_id}"
         return f"session {self.session_id} ({who})"
-
-
-@dataclass(frozen=True)
-class PruneResult:
-    """What ``store.prune`` deleted."""
-
-    sessions: int = 0
-    checkpoints: int = 0
-    steps: int = 0
-    events: int = 0
