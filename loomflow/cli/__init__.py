@@ -9,10 +9,12 @@ from importlib import import_module, metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from loomflow.demo import WORKER_COMMAND
+
 if TYPE_CHECKING:
     from loomflow.settings import Settings
 
-__all__ = ["WORKER_COMMAND", "CommandModule", "add_loglevel", "main"]
+__all__ = ["CommandModule", "add_loglevel", "main"]
 
 
 class CommandModule(Protocol):
@@ -24,8 +26,6 @@ class CommandModule(Protocol):
         """Add its commands, each with ``set_defaults(handler=...)``."""
 
 
-#: the hidden subcommand the demo starts its worker process with (kept out of --help)
-WORKER_COMMAND = "_demo-worker"
 #: the extra that installs all a command needs, where [all] would be more than that
 _EXTRAS = {"demo": "cli"}
 

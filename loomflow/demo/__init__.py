@@ -14,3 +14,9 @@ Three modules, each for one reader's question:
 Nothing is imported here on purpose: ``import loomflow`` never loads the demo, and the CLI
 imports the view only when ``loomflow demo`` runs.
 """
+
+__all__ = ["WORKER_COMMAND"]
+
+#: the hidden subcommand of ``loomflow`` the demo starts its worker process with (kept
+#: out of --help); defined here so that the demo never imports the CLI that runs it
+WORKER_COMMAND = "_demo-worker"

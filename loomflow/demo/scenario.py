@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Literal, TypeVar, cast
 
 from loomflow.agent import CONTINUATION_PROMPT, Agent
-from loomflow.cli import WORKER_COMMAND
+from loomflow.demo import WORKER_COMMAND
 from loomflow.demo.assistant import (
     APPROVAL_SIGNAL,
     APPROVAL_TASK,

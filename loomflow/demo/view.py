@@ -16,7 +16,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from loomflow.cli import WORKER_COMMAND
+from loomflow.demo import WORKER_COMMAND
 from loomflow.demo.assistant import APPROACH_PROMPTS
 from loomflow.demo.scenario import (
     Approved,
