@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from loomflow.processors.reader import LogReader
+    from loomflow.log.reader import LogReader
     from loomflow.projections.audit import Trail
     from loomflow.settings import Settings
 
@@ -75,7 +75,7 @@ def reader_of(
     start: Literal["beginning", "end", "committed"] | dict[int, int] = "beginning",
 ) -> LogReader:
     """The reader of the embedded log ``db``, or of the settings' Kafka topic."""
-    from loomflow.processors.reader import kafka_reader, sqlite_reader
+    from loomflow.log.reader import kafka_reader, sqlite_reader
 
     if db is not None:
         if start == "committed":

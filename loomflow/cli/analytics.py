@@ -20,7 +20,7 @@ from loomflow.cli._log import quiet_kafka
 from loomflow.cli.sessions import parse_when
 
 if TYPE_CHECKING:
-    from loomflow.processors.analytics import Counters, Stats
+    from loomflow.analytics.tally import Counters, Stats
 
 __all__ = ["NAMES", "add_parser"]
 
@@ -113,7 +113,7 @@ def _load(args: argparse.Namespace, command: str) -> Stats | None:
         return None
     try:
         if args.db is not None:
-            from loomflow.processors import stats_db
+            from loomflow.analytics import embedded as stats_db
 
             progress = asyncio.run(stats_db.update(args.db, args.stats_db))
             if progress.skipped:
@@ -126,8 +126,8 @@ def _load(args: argparse.Namespace, command: str) -> Stats | None:
                 args.stats_db or stats_db.stats_path(args.db), source=f"journal {args.db}"
             )
         else:
+            from loomflow.analytics.app import lag, read_stats
             from loomflow.cli import _settings
-            from loomflow.processors.analytics_app import lag, read_stats
 
             settings = _settings()
             if settings is None:
@@ -147,7 +147,7 @@ def _load(args: argparse.Namespace, command: str) -> Stats | None:
 
 
 def _period(args: argparse.Namespace) -> str:
-    from loomflow.processors.analytics import since_text
+    from loomflow.analytics.tally import since_text
 
     since: datetime | None = args.since
     return since_text(since) if since else "yet"
@@ -175,7 +175,7 @@ def _stats(args: argparse.Namespace) -> int:
 
 
 def _as_json(stats: Stats, by: str, *, since: datetime | None = None) -> dict[str, Any]:
-    from loomflow.processors.analytics import hour_start
+    from loomflow.analytics.tally import hour_start
 
     def row(counters: Counters) -> dict[str, Any]:
         data = counters.to_json()
@@ -203,7 +203,7 @@ def _print_tables(stats: Stats, by: str, period: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from loomflow.processors.analytics import ms_text
+    from loomflow.analytics.tally import ms_text
 
     # a pipe or a file gets every column, not 80 characters' worth
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -249,7 +249,7 @@ def _report(args: argparse.Namespace) -> int:
     import logging
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
-    from loomflow.processors.report import refusal, write_report
+    from loomflow.analytics.report import refusal, write_report
 
     # checked before the journal's tables are brought up to date: refused, nothing changes
     why = refusal(args.html, _journal_files(args))
@@ -285,7 +285,7 @@ def _journal_files(args: argparse.Namespace) -> dict[str, Path]:
     """The files of --db that a report must never replace, by what they are."""
     if args.db is None:
         return {}
-    from loomflow.processors.stats_db import stats_path
+    from loomflow.analytics.embedded import stats_path
     from loomflow.projections.audit import default_trail_path
 
     return {
@@ -316,7 +316,7 @@ def _analytics(args: argparse.Namespace) -> int:
     except StoreError as exc:
         print(f"loomflow analytics: {exc}", file=sys.stderr)
         return 1
-    from loomflow.processors.analytics_app import create_app
+    from loomflow.analytics.app import create_app
 
     app = create_app(settings)
     # faust's worker reads its own command line; no web server, whatever faust defaults to

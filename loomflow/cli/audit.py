@@ -22,7 +22,7 @@ from loomflow.cli._log import (
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loomflow.processors.audit import Verification
+    from loomflow.audit.auditor import Verification
     from loomflow.settings import Settings
 
 NAMES = ("audit",)
@@ -90,8 +90,8 @@ def _audit(args: argparse.Namespace) -> int:
 async def _run_audit(
     db: Path | None, trail_path: Path | None, settings: Settings | None, follow: bool, out: Console
 ) -> str:
-    from loomflow.processors.audit import Auditor
-    from loomflow.processors.reader import require_log
+    from loomflow.audit.auditor import Auditor
+    from loomflow.log.reader import require_log
 
     if db is not None:
         await require_log(db)  # before a trail is created beside something else
@@ -142,8 +142,8 @@ def _verify(args: argparse.Namespace) -> int:
 async def _run_verify(
     db: Path | None, trail_path: Path | None, settings: Settings | None, filters: dict[str, Any]
 ) -> tuple[Verification, str]:
-    from loomflow.processors.audit import verify_trail
-    from loomflow.processors.reader import committed_offsets, require_log
+    from loomflow.audit.auditor import verify_trail
+    from loomflow.log.reader import committed_offsets, require_log
 
     if db is not None:
         await require_log(db)

@@ -18,7 +18,7 @@ from loomflow.cli._log import (
 )
 
 if TYPE_CHECKING:
-    from loomflow.processors.reader import LogRecord
+    from loomflow.log.reader import LogRecord
     from loomflow.schemas import Event
 
 NAMES = ("tail",)

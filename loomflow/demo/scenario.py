@@ -34,6 +34,11 @@ from pathlib import Path
 from typing import IO, Literal, TypeVar, cast
 
 from loomflow.agent import CONTINUATION_PROMPT, Agent
+from loomflow.analytics.embedded import load as load_stats
+from loomflow.analytics.embedded import stats_path
+from loomflow.analytics.embedded import update as update_stats
+from loomflow.analytics.tally import Stats
+from loomflow.audit.auditor import Auditor, Verification, verify_trail
 from loomflow.demo import WORKER_COMMAND
 from loomflow.demo.assistant import (
     APPROVAL_SIGNAL,
@@ -51,14 +56,9 @@ from loomflow.demo.assistant import (
     editor_answer,
     scripted_reply,
 )
+from loomflow.log.reader import sqlite_reader
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
-from loomflow.processors.analytics import Stats
-from loomflow.processors.audit import Auditor, Verification, verify_trail
-from loomflow.processors.reader import sqlite_reader
-from loomflow.processors.stats_db import load as load_stats
-from loomflow.processors.stats_db import stats_path
-from loomflow.processors.stats_db import update as update_stats
 from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import (

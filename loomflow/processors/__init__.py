@@ -1,7 +1,9 @@
-"""Consumers of the log: the projector into PostgreSQL, analytics, the faust apps.
+"""The faust apps of the scaled path: the projector (``app``), snapshots, rebuild.
 
-``Projector`` and ``DeadLetter`` load (with aiokafka and asyncpg) when first named, so the
-embedded consumers here (``analytics``, ``stats_db``) need neither installed.
+``app`` is the processor ``loomflow processor`` runs; ``projector`` its batch loop into
+the PostgreSQL read model, which publishes ``snapshots``; ``rebuild`` replays the topic
+into a new schema. ``Projector`` and ``DeadLetter`` load (with aiokafka and asyncpg) when
+first named.
 """
 
 from __future__ import annotations

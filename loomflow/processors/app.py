@@ -1,12 +1,13 @@
-"""The loomflow processor as a faust-streaming app: its topics, tables and agents.
+"""The loomflow processor as a faust-streaming app: the projector, as one task.
 
 Run it with ``loomflow processor`` or ``faust -A loomflow.processors.app worker
 --without-web``. Kafka, PostgreSQL, topics, schema and processor id come from
 :class:`loomflow.settings.Settings` (the ``LOOMFLOW_*`` environment), read the same way as
 by ``KafkaRuntime``, so both meet on the same topics and group with no options at all.
-The projection's hot path is a batch consumer in an ``app.task`` (see projector.py);
-faust's agents do what they are good at: tables. Analytics is an app of its own, with its
-own consumer group (``analytics_app.py``, ``loomflow analytics``).
+The projection's hot path is a batch consumer in an ``app.task`` (see projector.py, which
+also publishes the snapshots); faust gives it a worker's lifecycle, signals and logging.
+The consumers with faust tables have apps of their own, with their own consumer groups
+(``loomflow.analytics.app``, ``loomflow analytics``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import logging
 import faust
 
 from loomflow.errors import StoreError
-from loomflow.processors.analytics import run_transition
-from loomflow.processors.faust_app import new_app
+from loomflow.log.apps import new_app
 from loomflow.processors.projector import Projector, tune_gc
 from loomflow.producers import Topics, ensure_topics
 from loomflow.settings import Settings
@@ -37,9 +37,6 @@ def create_app(settings: Settings | None = None) -> faust.App:
     bootstrap = settings.kafka_bootstrap
 
     app = new_app(app_id, settings)
-    events = app.topic(topics.events, key_type=bytes, value_type=bytes)
-    # keyed like the log (by session scope), so each worker updates the keys it owns
-    running = app.Table("runs-in-flight", default=bool, partitions=topics.partitions)
     projector = Projector(settings)
 
     stopping = asyncio.Event()
@@ -74,15 +71,6 @@ def create_app(settings: Settings | None = None) -> faust.App:
             await projector.run(stopping)
         finally:
             await projector.stop()
-
-    @app.agent(events)
-    async def crash_watch(stream: faust.StreamT[bytes]) -> None:
-        # a session whose run started and never finished, failed or was erased is a
-        # candidate for event-driven resume after a crash
-        async for raw in stream:
-            transition = run_transition(raw)
-            if transition is not None:
-                running[transition.scope] = transition.running
 
     app.loomflow_projector = projector  # type: ignore[attr-defined]
     return app

@@ -31,17 +31,17 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
 from loomflow.errors import InvalidEventError, StoreError
+from loomflow.log.records import decode_record
 from loomflow.processors.snapshots import SnapshotPublisher
-from loomflow.producers import EventProducer, Topics, scope_key
+from loomflow.producers import EventProducer, Topics
 from loomflow.producers.topics import started
 from loomflow.projections import postgres as pg
 from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
-from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import CLAIM_TYPES, MAX_EVENT_BYTES
 from loomflow.settings import Settings
 
-__all__ = ["DeadLetter", "Projector", "apply_records", "decode_record", "tune_gc"]
+__all__ = ["DeadLetter", "Projector", "apply_records", "tune_gc"]
 
 logger = logging.getLogger("loomflow.processors.projector")
 
@@ -97,32 +97,6 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
-
-
-def decode_record(record: Any) -> tuple[Event, str | None]:
-    """The event a record carries, checked against the record's key, and its payload as
-    JSON text (None when the record left the payload to its default).
-
-    The record is parsed once; the payload's text is kept for the log row, so the
-    projector never serialises again what the writer already did.
-    """
-    value = record.value
-    if value is None:
-        raise InvalidEventError("a record without a value (a tombstone): not an event")
-    if len(value) > MAX_EVENT_BYTES:
-        raise InvalidEventError(f"event of {len(value)} bytes exceeds {MAX_EVENT_BYTES}")
-    try:
-        data = orjson.loads(value)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidEventError(f"invalid event: Invalid JSON: {exc}") from exc
-    event = decode_event(data) if isinstance(data, dict) else decode_event(value)
-    if record.key != scope_key(event.user_id, event.session_id):
-        raise InvalidEventError(
-            f"record key {record.key!r} is not the scope of the event it carries "
-            f"(session {event.session_id!r}, user {event.user_id!r})"
-        )
-    payload = data.get("payload")
-    return event, None if payload is None else orjson.dumps(payload).decode()
 
 
 def _reason(exc: BaseException) -> str:

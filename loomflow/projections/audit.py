@@ -1,6 +1,6 @@
 """Where the audit trail is kept: a SQLite file beside an embedded log, or tables of the
 read model's PostgreSQL schema at scale. Both hold the same entries (see
-``processors/audit.py``) and keep what could not be chained among the rejects.
+``audit/auditor.py``) and keep what could not be chained among the rejects.
 
 The trail is append-only but for one update: an erasure or prune sets the bodies of the
 entries it removed to NULL (their digests and hashes stay, so the chain still verifies).

@@ -2,7 +2,7 @@
 verification.
 
 Plain functions with no I/O (the trail's SQL is in ``projections/audit.py``, the consumer
-that feeds it in ``processors/audit.py``). Each record of the log becomes one entry of
+that feeds it in ``audit/auditor.py``). Each record of the log becomes one entry of
 its session's chain::
 
     digest = sha256(canonical bytes)        hash = sha256(prev hash : n : digest)

@@ -21,12 +21,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from loomflow import Agent
+from loomflow.analytics.app import changelog_topic, read_stats
+from loomflow.analytics.tally import Stats
 from loomflow.cli import main
 from loomflow.errors import StoreError
+from loomflow.log.reader import committed_offsets
 from loomflow.models import ScriptedModel
-from loomflow.processors.analytics import Stats
-from loomflow.processors.analytics_app import changelog_topic, read_stats
-from loomflow.processors.reader import committed_offsets
 from loomflow.runtime import SqliteRuntime
 from tests.support.analytics import (
     expected_sums,
@@ -159,7 +159,7 @@ def test_a_row_that_does_not_decode_and_a_forged_event_are_skipped_with_their_re
     # and a run after them, so the bad rows sit in the middle of the log
     asyncio.run(_one_more_run(journal))
 
-    with caplog.at_level(logging.WARNING, logger="loomflow.processors.stats_db"):
+    with caplog.at_level(logging.WARNING, logger="loomflow.analytics.embedded"):
         data = stats_json(capsys, "--db", str(journal))
     messages = [r.getMessage() for r in caplog.records]
     assert any(f"log record {garbled} skipped: " in m for m in messages), messages

@@ -38,14 +38,15 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from loomflow import Agent
+from loomflow.analytics import embedded as stats_db
+from loomflow.analytics.app import count_record
+from loomflow.analytics.tally import Tally
+from loomflow.audit.auditor import Auditor
 from loomflow.errors import CorruptRecordError, InvalidEventError, LoomflowError
+from loomflow.log.reader import _note_record, kafka_reader, sqlite_reader
+from loomflow.log.records import decode_record
 from loomflow.models import ScriptedModel
-from loomflow.processors import stats_db
-from loomflow.processors.analytics import Tally
-from loomflow.processors.analytics_app import count_record
-from loomflow.processors.audit import Auditor
-from loomflow.processors.projector import Projector, decode_record
-from loomflow.processors.reader import _note_record, kafka_reader, sqlite_reader
+from loomflow.processors.projector import Projector
 from loomflow.producers import EventProducer, scope_key
 from loomflow.projections import sqlite as sql
 from loomflow.projections.audit import SqliteTrail

@@ -412,7 +412,7 @@ class _KafkaReader(LogReader):
 
 
 def _kafka_record(record: Any) -> LogRecord:
-    from loomflow.processors.projector import decode_record
+    from loomflow.log.records import decode_record
 
     try:
         event, _ = decode_record(record)

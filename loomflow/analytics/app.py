@@ -1,6 +1,6 @@
 """Analytics at scale: a faust-streaming app with its own consumer group, and its reader.
 
-Run it with ``loomflow analytics`` (or ``faust -A loomflow.processors.analytics_app worker
+Run it with ``loomflow analytics`` (or ``faust -A loomflow.analytics.app worker
 --without-web``). It consumes the events topic as the group ``Settings().analytics_group``
 (``<processor id>-analytics``, also the app's id), independently of the projector, and
 keeps one table, ``ledgers``, whose changelog topic ``<group>-ledgers-changelog`` is what
@@ -33,10 +33,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
+from loomflow.analytics.tally import Stats, Tally
 from loomflow.errors import InvalidEventError, StoreError
-from loomflow.processors.analytics import Stats, Tally
-from loomflow.processors.faust_app import new_app
-from loomflow.processors.reader import committed_offsets
+from loomflow.log.apps import new_app
+from loomflow.log.reader import committed_offsets
 from loomflow.producers import Topics, scope_key
 from loomflow.producers.topics import started
 from loomflow.schemas.codec import decode_event
@@ -44,7 +44,7 @@ from loomflow.settings import Settings
 
 __all__ = ["LEDGERS", "changelog_topic", "count_record", "create_app", "lag", "read_stats"]
 
-logger = logging.getLogger("loomflow.processors.analytics_app")
+logger = logging.getLogger("loomflow.analytics.app")
 
 #: the table's name; its changelog topic is ``<app id>-ledgers-changelog``
 LEDGERS = "ledgers"
@@ -123,7 +123,7 @@ def _default_app() -> faust.App:
 
 
 def __getattr__(name: str) -> Any:
-    # ``faust -A loomflow.processors.analytics_app worker`` finds ``app``; built on that
+    # ``faust -A loomflow.analytics.app worker`` finds ``app``; built on that
     # first use, so importing this module (as ``loomflow stats`` does) starts no app
     if name == "app":
         return _default_app()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from loomflow.processors.audit import Auditor, Verification, verify_trail
-from loomflow.processors.reader import sqlite_reader
+from loomflow.audit.auditor import Auditor, Verification, verify_trail
+from loomflow.log.reader import sqlite_reader
 from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.runtime import SqliteRuntime
 from tests.support.scenario import Research

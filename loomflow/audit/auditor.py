@@ -1,6 +1,6 @@
 """The audit consumer: it chains every record of the log into the trail, and verifies it.
 
-Written once against :class:`~loomflow.processors.reader.LogReader`, so the embedded log
+Written once against :class:`~loomflow.log.reader.LogReader`, so the embedded log
 (a SQLite file, the trail in another file beside it) and Kafka (the audit group, the
 trail in the read model's PostgreSQL schema) are audited the same way.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomflow.processors.reader import LogReader, LogRecord, drain
+from loomflow.log.reader import LogReader, LogRecord, drain
 from loomflow.projections.audit import ANY_USER, Reject, Trail
 from loomflow.projections.chain import (
     NOTE_TYPE,
@@ -30,7 +30,7 @@ from loomflow.projections.chain import (
 
 __all__ = ["Auditor", "SessionCheck", "Verification", "link_of", "verify_trail"]
 
-logger = logging.getLogger("loomflow.processors.audit")
+logger = logging.getLogger("loomflow.audit.auditor")
 
 
 def link_of(record: LogRecord) -> Link | None:

@@ -1,8 +1,8 @@
 """The embedded analytics: materialised tables in a SQLite file beside the journal.
 
 ``journal.db`` gets ``journal.stats.db``. :func:`update` reads the journal's log by
-position (``processors.reader``) from where it stopped, counts each batch with
-:class:`~loomflow.processors.analytics.Tally` and commits the new aggregates together with
+position (``log.reader``) from where it stopped, counts each batch with
+:class:`~loomflow.analytics.tally.Tally` and commits the new aggregates together with
 the next position, in one transaction: running it again adds nothing, and a crash between
 two batches loses nothing. A record that does not decode, or that :func:`admit` refuses,
 is counted as skipped and its reason logged (and kept in ``stats_skipped``); it never stops
@@ -21,8 +21,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from loomflow.errors import StoreError
-from loomflow.processors.analytics import (
+from loomflow.analytics.tally import (
     COUNTS,
     SUMS,
     Counters,
@@ -33,13 +32,14 @@ from loomflow.processors.analytics import (
     Stats,
     Tally,
 )
-from loomflow.processors.reader import LogRecord, drain, require_log, sqlite_reader
+from loomflow.errors import StoreError
+from loomflow.log.reader import LogRecord, drain, require_log, sqlite_reader
 from loomflow.projections.sqlite_thread import SqliteThread, open_own
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]
 
-logger = logging.getLogger("loomflow.processors.stats_db")
+logger = logging.getLogger("loomflow.analytics.embedded")
 
 T = TypeVar("T")
 

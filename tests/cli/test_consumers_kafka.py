@@ -15,7 +15,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from loomflow.processors.reader import committed_offsets
+from loomflow.log.reader import committed_offsets
 from loomflow.producers import EventProducer, scope_key
 from tests.support.kafka_env import ROOT, KafkaEnv, ProcessorProcess, session_events
 from tests.support.scenario import Research

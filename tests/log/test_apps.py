@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loomflow.processors.faust_app import new_app
+from loomflow.log.apps import new_app
 from loomflow.settings import Settings
 
 

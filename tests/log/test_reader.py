@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loomflow.errors import StoreError
-from loomflow.processors.reader import (
+from loomflow.log.reader import (
     LogRecord,
     PruneNote,
     _note_record,

@@ -16,7 +16,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from loomflow.processors.analytics import Counters, Stats, ms_text, parse_hour, since_text
+from loomflow.analytics.tally import Counters, Stats, ms_text, parse_hour, since_text
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["refusal", "render_report", "write_report"]

@@ -1,7 +1,7 @@
 """Analytics of the log as plain functions: no I/O, tested directly.
 
-Both the embedded stats database (``stats_db.py``) and the faust app at scale
-(``analytics_app.py``) turn events into aggregates with the functions here, so the two
+Both the embedded stats database (``embedded.py``) and the faust app at scale
+(``app.py``) turn events into aggregates with the functions here, so the two
 paths count the same things the same way:
 
 - :func:`admit` decides whether an event counts at all: it refuses what the projector
@@ -27,7 +27,6 @@ from typing import Any, Literal
 
 import orjson
 
-from loomflow.errors import InvalidEventError
 from loomflow.schemas import (
     Event,
     Role,
@@ -39,7 +38,6 @@ from loomflow.schemas import (
     TurnAppended,
     Usage,
 )
-from loomflow.schemas.codec import decode_event
 from loomflow.schemas.events import CLAIM_TYPES
 
 __all__ = [
@@ -53,7 +51,6 @@ __all__ = [
     "Histogram",
     "Mark",
     "Row",
-    "RunTransition",
     "SessionStats",
     "Stats",
     "Tally",
@@ -63,7 +60,6 @@ __all__ = [
     "hour_of",
     "hour_start",
     "ms_text",
-    "run_transition",
     "since_text",
 ]
 
@@ -661,36 +657,3 @@ class Stats:
             dict(skipped),
             source,
         )
-
-
-# --- the crash watcher's transitions ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunTransition:
-    """A session's run started or ended, for the crash watcher."""
-
-    scope: str
-    running: bool
-
-
-def _scope(user_id: str | None, session_id: str) -> str:
-    # the same text as the log's record key, so tables partition like the log; loaded
-    # here, as producers loads aiokafka and the embedded stats need none of it
-    from loomflow.producers import scope_key
-
-    return scope_key(user_id, session_id).decode()
-
-
-def run_transition(raw: bytes | None) -> RunTransition | None:
-    """Whether a record starts or ends a run of its session."""
-    try:
-        event = decode_event(raw or b"")
-    except InvalidEventError:
-        return None
-    scope = _scope(event.user_id, event.session_id)
-    if isinstance(event, RunStarted):
-        return RunTransition(scope, True)
-    if isinstance(event, RunFinished) or event.type in ("run.failed", "session.erased"):
-        return RunTransition(scope, False)
-    return None

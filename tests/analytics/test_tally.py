@@ -6,18 +6,16 @@ from typing import Any
 
 import pytest
 
-from loomflow.processors.analytics import (
+from loomflow.analytics.tally import (
     NO_MODEL,
     NO_USER,
     Counters,
     Histogram,
     Mark,
-    RunTransition,
     Stats,
     Tally,
     admit,
     contribution,
-    run_transition,
 )
 from loomflow.schemas import (
     CheckpointWritten,
@@ -242,18 +240,3 @@ def test_an_erased_session_stops_being_named_and_late_events_do_not_count() -> N
     tally.add(_run(5, RunStarted, epoch=3))
     assert tally.skipped == {"refused": 1}
     assert Stats.of_tallies([tally], "t").totals().runs_started == 1
-
-
-def test_the_crash_watcher_still_sees_runs_start_and_end() -> None:
-    started = RunStarted(session_id="s", run_id="r", seq=1, epoch=1)
-    finished = RunFinished(
-        session_id="s",
-        run_id="r",
-        seq=2,
-        epoch=1,
-        payload={"output": "", "turns": 0, "usage": Usage()},
-    )
-    assert run_transition(started.model_dump_json().encode()) == RunTransition("/s", True)
-    assert run_transition(finished.model_dump_json().encode()) == RunTransition("/s", False)
-    assert run_transition(_turn(2).model_dump_json().encode()) is None
-    assert run_transition(b"{broken") is None
