@@ -1,23 +1,40 @@
-"""Where every loomflow process finds Kafka, PostgreSQL and its names: one settings object.
+"""Every option of every loomflow process, in one settings object.
 
-``KafkaRuntime``, ``PostgresRuntime``, ``loomflow processor``, ``loomflow rebuild`` and every
-consumer of the log build a :class:`Settings` the same way: constructor arguments first,
-``LOOMFLOW_*`` environment variables second, the defaults below last. So a runtime and a
-processor started with no options agree on the topics, the schema and the projector's group.
+Every runtime (``InProcRuntime`` and ``SqliteRuntime`` included), ``loomflow processor``,
+``loomflow rebuild``, the worker and every consumer of the log build a :class:`Settings`
+the same way: constructor arguments first, ``LOOMFLOW_*`` environment variables second,
+the defaults below last, each written here once. So a runtime and a processor started
+with no options agree on the topics, the schema and the projector's group, and a
+retention set in the environment holds for every runtime of the process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
-from pydantic import AliasChoices, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from loomflow.schemas.codec import Serializer
+from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 
 __all__ = ["Settings"]
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,180}")
+
+
+#: the options that are numbers, each with the least value it takes
+_COUNTS = {"max_checkpoints_per_session": None, "lease_seconds": 0.5, "retry_seconds": 0.0}
+
+
+def _refusal(name: str | None, value: Any) -> str:
+    least = _COUNTS.get(name or "")
+    if least is None:
+        return f"{name} must be a whole number (< 1 keeps all), not {value!r}"
+    return f"{name} must be a number from {least:g} to 86400, not {value!r}"
 
 
 class Settings(BaseSettings):
@@ -53,6 +70,18 @@ class Settings(BaseSettings):
     ``LOOMFLOW_AUTO_MIGRATE``                 create and migrate the schema and topics on
                                               first use (default true); false: only check,
                                               after ``loomflow setup`` ran ahead of a deploy
+    ``LOOMFLOW_MAX_CHECKPOINTS_PER_SESSION``  checkpoints a session keeps (default 20; less
+                                              than 1 keeps all)
+    ``LOOMFLOW_SERIALIZER``                   how journaled step values are stored:
+                                              ``json`` (default) or ``pickle``
+    ``LOOMFLOW_LEASE_SECONDS``                how long a run's writer may stay silent
+                                              before a worker may resume the run
+    ``LOOMFLOW_RETRY_SECONDS``                how long a run's writes keep trying while
+                                              the store is briefly away
+    ``LOOMFLOW_POOL_MIN_SIZE``,               the PostgreSQL connection pool of a runtime
+    ``LOOMFLOW_POOL_MAX_SIZE``
+    ``LOOMFLOW_SQLITE_BUSY_TIMEOUT_MS``       how long a SQLite store's thread waits for
+                                              another process's write lock
     ========================================  =================================================
     """
 
@@ -77,6 +106,14 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(default=10.0, gt=0)
     kafka_ack_timeout: float = Field(default=30.0, gt=0)
     auto_migrate: bool = True
+    # what a runtime does with a run (every runtime, embedded ones included)
+    max_checkpoints_per_session: int = 20
+    serializer: Serializer = "json"
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    retry_seconds: float = 60.0
+    pool_min_size: int = Field(default=1, ge=0)
+    pool_max_size: int = Field(default=10, ge=1)
+    sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
 
     @field_validator("kafka_bootstrap", "postgres_dsn")
     @classmethod
@@ -84,6 +121,36 @@ class Settings(BaseSettings):
         if not value.strip():
             raise ValueError("must not be empty")
         return value.strip()
+
+    @field_validator("max_checkpoints_per_session", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        # a float or a bool is a mistake here, not a count to round
+        if isinstance(value, str):
+            value = value.strip()
+            if value.lstrip("-").isdigit():
+                return int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(
+                f"max_checkpoints_per_session must be a whole number (< 1 keeps all), not {value!r}"
+            )
+        return value
+
+    @field_validator("lease_seconds", "retry_seconds", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any, info: ValidationInfo) -> float:
+        least = _COUNTS[info.field_name] or 0.0
+        number = value
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):  # not a number: refused below
+                number = float(value)
+        if (
+            isinstance(number, bool)
+            or not isinstance(number, int | float)
+            or not least <= number <= 86_400
+        ):
+            raise ValueError(_refusal(info.field_name, value))
+        return float(number)
 
     @field_validator("db_schema")
     @classmethod
@@ -113,12 +180,21 @@ class Settings(BaseSettings):
                 f"({self.topic_replication}): Kafka would refuse every append; set "
                 "LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS at most LOOMFLOW_TOPIC_REPLICATION"
             )
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"pool_min_size ({self.pool_min_size}) is more than pool_max_size "
+                f"({self.pool_max_size})"
+            )
         return self
 
     @classmethod
     def resolve(cls, settings: Settings | None = None, **overrides: Any) -> Settings:
         """``settings`` (or a fresh read of the environment) with the non-None overrides."""
         given = {name: value for name, value in overrides.items() if value is not None}
+        for name, value in given.items():
+            # text is what the environment gives; from code, a number given as text is a slip
+            if isinstance(value, str) and name in _COUNTS:
+                raise ValueError(_refusal(name, value))
         if settings is None:
             return cls(**given)
         if not given:

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
+import inspect
+from pathlib import Path
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
 from loomflow.producers import Topics
+from loomflow.runtime import (
+    InProcRuntime,
+    KafkaRuntime,
+    PostgresRuntime,
+    PostgresStore,
+    Runtime,
+    SqliteRuntime,
+    SqliteStore,
+)
 from loomflow.settings import Settings
 
 
@@ -21,3 +34,68 @@ def test_topics_are_replicated_as_the_environment_says(monkeypatch: pytest.Monke
 def test_more_insync_replicas_than_replicas_is_refused_naming_both_variables() -> None:
     with pytest.raises(ValidationError, match="LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS at most"):
         Settings(topic_replication=1, topic_min_insync_replicas=2)
+
+
+def test_every_runtime_takes_its_run_options_from_the_environment_unless_given(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LOOMFLOW_MAX_CHECKPOINTS_PER_SESSION", "3")
+    monkeypatch.setenv("LOOMFLOW_SERIALIZER", "pickle")
+    monkeypatch.setenv("LOOMFLOW_LEASE_SECONDS", "7.5")
+    monkeypatch.setenv("LOOMFLOW_RETRY_SECONDS", "2")
+    for runtime in (
+        InProcRuntime(),
+        SqliteRuntime(tmp_path / "j.db"),
+        PostgresRuntime(),
+        KafkaRuntime(),
+    ):
+        got = (runtime.max_checkpoints_per_session, runtime.serializer, runtime.lease_seconds)
+        assert got == (3, "pickle", 7.5), type(runtime).__name__
+        assert runtime.retry_seconds == 2.0
+        assert runtime.settings.max_checkpoints_per_session == 3
+    given = SqliteRuntime(tmp_path / "k.db", max_checkpoints_per_session=5, serializer="json")
+    assert (given.max_checkpoints_per_session, given.serializer) == (5, "json")
+
+
+def test_a_bad_run_option_in_the_environment_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("LOOMFLOW_MAX_CHECKPOINTS_PER_SESSION", "2.5")
+    with pytest.raises(ValueError, match="max_checkpoints_per_session must be a whole number"):
+        SqliteRuntime(tmp_path / "j.db")
+    assert not (tmp_path / "j.db").exists()  # refused before anything is written
+    monkeypatch.setenv("LOOMFLOW_MAX_CHECKPOINTS_PER_SESSION", "0")
+    monkeypatch.setenv("LOOMFLOW_LEASE_SECONDS", "soon")
+    with pytest.raises(ValueError, match=r"lease_seconds must be a number from 0\.5 to 86400"):
+        InProcRuntime()
+
+
+def test_retention_is_a_keyword_of_every_runtime() -> None:
+    with pytest.raises(TypeError):
+        InProcRuntime(5)  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "constructor",
+    [
+        Runtime.__init__,
+        InProcRuntime.__init__,
+        SqliteRuntime.__init__,
+        SqliteStore.__init__,
+        PostgresRuntime.__init__,
+        PostgresStore.__init__,
+        KafkaRuntime.__init__,
+    ],
+    ids=lambda constructor: constructor.__qualname__,
+)
+def test_no_constructor_writes_a_default_of_its_own(constructor: Any) -> None:
+    """A default is written once, in Settings: a constructor's option left out means
+    "as the settings say", so the environment and every process agree."""
+    own = {
+        name: param.default
+        for name, param in inspect.signature(constructor).parameters.items()
+        if param.default is not inspect.Parameter.empty
+        and param.default is not None
+        and name != "create"  # whether to create a missing file: a call's intent
+    }
+    assert own == {}

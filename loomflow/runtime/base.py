@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 from loomflow.errors import (
     CheckpointNotFoundError,
@@ -21,7 +21,7 @@ from loomflow.errors import (
 from loomflow.lifecycle import Resource
 from loomflow.projections.fold import fold
 from loomflow.runtime.store import EventStore
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS, SessionWriter, WritePolicy
+from loomflow.runtime.writer import SessionWriter, WritePolicy
 from loomflow.schemas import (
     Checkpoint,
     CheckpointMeta,
@@ -47,6 +47,9 @@ from loomflow.schemas.events import (
 from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 
+if TYPE_CHECKING:
+    from loomflow.settings import Settings
+
 __all__ = ["RestoredState", "Runtime", "abandoned"]
 
 
@@ -66,17 +69,6 @@ def _text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return "\x00" not in value
-
-
-def _seconds(name: str, value: object, least: float) -> float:
-    """``value`` as a number of seconds from ``least`` to a day, else ValueError."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not least <= value <= 86_400
-    ):
-        raise ValueError(f"{name} must be a number from {least:g} to 86400, not {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -100,26 +92,40 @@ class Runtime(Resource):
         self,
         store: EventStore,
         *,
-        max_checkpoints_per_session: int = 20,
-        serializer: Serializer = "json",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        max_checkpoints_per_session: int | None = None,
+        serializer: Serializer | None = None,
+        lease_seconds: float | None = None,
+        retry_seconds: float | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        if serializer not in ("json", "pickle"):
-            raise ValueError(f"serializer must be 'json' or 'pickle', not {serializer!r}")
-        if not isinstance(max_checkpoints_per_session, int):
-            raise TypeError("max_checkpoints_per_session must be an int (< 1 keeps all)")
+        """Each option unset here comes from ``settings``, else the ``LOOMFLOW_*``
+        environment, else its default (see :class:`loomflow.settings.Settings`)."""
+        from loomflow.settings import Settings  # pydantic-settings: once a runtime is built
+
+        self._settings = resolved = Settings.resolve(
+            settings,
+            max_checkpoints_per_session=max_checkpoints_per_session,
+            serializer=serializer,
+            lease_seconds=lease_seconds,
+            retry_seconds=retry_seconds,
+        )
         self._store = store
-        self.max_checkpoints_per_session = max_checkpoints_per_session
-        self.serializer: Serializer = serializer
+        #: checkpoints a session keeps (< 1 keeps all)
+        self.max_checkpoints_per_session = resolved.max_checkpoints_per_session
+        self.serializer: Serializer = resolved.serializer
         #: how long a run's writer may stay silent before the run counts as abandoned and
         #: a worker may resume it; recorded in each run.started, so a worker follows the
         #: lease of the run it looks at. The writer sends a heartbeat after a third of it.
-        self.lease_seconds = _seconds("lease_seconds", lease_seconds, 0.5)
+        self.lease_seconds = resolved.lease_seconds
         #: how long a run's writes keep trying while the store is briefly away (a broker
         #: or database restart) before the run fails with the store's error; the run
         #: stays resumable, and nothing it recorded is lost
-        self.retry_seconds = _seconds("retry_seconds", retry_seconds, 0)
+        self.retry_seconds = resolved.retry_seconds
+
+    @property
+    def settings(self) -> Settings:
+        """The options this runtime was built with, as every loomflow process reads them."""
+        return self._settings
 
     @property
     def store(self) -> EventStore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from loomflow.projections.fold import (
     AddTranscript,
@@ -19,12 +20,13 @@ from loomflow.projections.fold import (
 from loomflow.projections.memory import MemorySession, apply
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.store import EventStore, PruneResult
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event, Message, StepRecorded, utcnow
 from loomflow.schemas.codec import Serializer
-from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
+
+if TYPE_CHECKING:
+    from loomflow.settings import Settings
 
 __all__ = ["InProcRuntime", "InProcStore"]
 
@@ -179,11 +181,12 @@ class InProcRuntime(Runtime):
 
     def __init__(
         self,
-        max_checkpoints_per_session: int = 20,
         *,
-        serializer: Serializer = "json",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        max_checkpoints_per_session: int | None = None,
+        serializer: Serializer | None = None,
+        lease_seconds: float | None = None,
+        retry_seconds: float | None = None,
+        settings: Settings | None = None,
     ) -> None:
         super().__init__(
             InProcStore(),
@@ -191,4 +194,5 @@ class InProcRuntime(Runtime):
             serializer=serializer,
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
+            settings=settings,
         )

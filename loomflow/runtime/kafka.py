@@ -56,7 +56,6 @@ from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import RestoredState, Runtime
 from loomflow.runtime.postgres import PostgresStore, _redact
 from loomflow.runtime.store import EventStore, PruneResult
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import (
     CheckpointsPruned,
     CheckpointWritten,
@@ -68,7 +67,7 @@ from loomflow.schemas import (
     StepRecorded,
 )
 from loomflow.schemas.codec import Serializer, decode_event
-from loomflow.schemas.events import DEFAULT_LEASE_SECONDS, MAX_EVENT_BYTES
+from loomflow.schemas.events import MAX_EVENT_BYTES
 from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
@@ -739,10 +738,10 @@ class KafkaRuntime(Runtime):
         bootstrap: str | None = None,
         dsn: str | None = None,
         *,
-        max_checkpoints_per_session: int = 20,
-        serializer: Serializer = "json",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        max_checkpoints_per_session: int | None = None,
+        serializer: Serializer | None = None,
+        lease_seconds: float | None = None,
+        retry_seconds: float | None = None,
         settings: Settings | None = None,
         schema: str | None = None,
         topic_prefix: str | None = None,
@@ -757,18 +756,12 @@ class KafkaRuntime(Runtime):
             topic_prefix=topic_prefix,
             processor_id=processor_id,
             projection_timeout=projection_timeout,
-        )
-        super().__init__(
-            KafkaStore(resolved),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
         )
-
-    @property
-    def settings(self) -> Settings:
-        return self.store.settings
+        super().__init__(KafkaStore(resolved), settings=resolved)
 
     async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:
         """The session from the read model plus the log's events it has not projected yet."""

@@ -16,10 +16,8 @@ from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.store import DatabaseStore, PruneResult
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
 from loomflow.schemas.codec import Serializer
-from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
@@ -67,22 +65,35 @@ class PostgresStore(DatabaseStore):
 
     def __init__(
         self,
-        dsn: str,
+        dsn: str | None = None,
         *,
-        schema: str = "loomflow",
-        min_size: int = 1,
-        max_size: int = 10,
-        connect_timeout: float = 10.0,
-        auto_migrate: bool = True,
+        schema: str | None = None,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        connect_timeout: float | None = None,
+        auto_migrate: bool | None = None,
         create: bool = True,
+        settings: Settings | None = None,
     ) -> None:
-        if not isinstance(dsn, str) or not dsn:
+        if dsn is not None and (not isinstance(dsn, str) or not dsn):
             raise ValueError("dsn must be a postgresql:// URL")
-        self.dsn = dsn
-        self.schema = pg.check_schema(schema)
-        self._pool_options = {"min_size": min_size, "max_size": max_size}
-        self._connect_timeout = connect_timeout
-        self.auto_migrate = auto_migrate
+        resolved = Settings.resolve(
+            settings,
+            postgres_dsn=dsn,
+            db_schema=schema,
+            pool_min_size=min_size,
+            pool_max_size=max_size,
+            connect_timeout=connect_timeout,
+            auto_migrate=auto_migrate,
+        )
+        self.dsn = resolved.postgres_dsn
+        self.schema = pg.check_schema(resolved.db_schema)
+        self._pool_options = {
+            "min_size": resolved.pool_min_size,
+            "max_size": resolved.pool_max_size,
+        }
+        self._connect_timeout = resolved.connect_timeout
+        self.auto_migrate = resolved.auto_migrate
         self.create = create
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -95,15 +106,9 @@ class PostgresStore(DatabaseStore):
 
     @classmethod
     def from_settings(cls, settings: Settings, **options: Any) -> PostgresStore:
-        """The store of the settings' DSN and schema, with their timeout and migration
-        policy; ``options`` are the pool's sizes and ``create``."""
-        return cls(
-            settings.postgres_dsn,
-            schema=settings.db_schema,
-            connect_timeout=settings.connect_timeout,
-            auto_migrate=settings.auto_migrate,
-            **options,
-        )
+        """The store of the settings' DSN, schema, pool, timeout and migration policy;
+        ``options`` override any of the constructor's (e.g. a smaller pool, ``create``)."""
+        return cls(settings=settings, **options)
 
     def __repr__(self) -> str:
         return f"PostgresStore({_redact(self.dsn)!r}, schema={self.schema!r})"
@@ -288,24 +293,30 @@ class PostgresRuntime(Runtime):
         self,
         dsn: str | None = None,
         *,
-        max_checkpoints_per_session: int = 20,
+        max_checkpoints_per_session: int | None = None,
         schema: str | None = None,
-        serializer: Serializer = "json",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
-        min_size: int = 1,
-        max_size: int = 10,
+        serializer: Serializer | None = None,
+        lease_seconds: float | None = None,
+        retry_seconds: float | None = None,
+        min_size: int | None = None,
+        max_size: int | None = None,
         settings: Settings | None = None,
     ) -> None:
-        resolved = Settings.resolve(settings, postgres_dsn=dsn, db_schema=schema)
-        self._pg_store = PostgresStore.from_settings(resolved, min_size=min_size, max_size=max_size)
-        super().__init__(
-            self._pg_store,
+        if dsn is not None and (not isinstance(dsn, str) or not dsn):
+            raise ValueError("dsn must be a postgresql:// URL")
+        resolved = Settings.resolve(
+            settings,
+            postgres_dsn=dsn,
+            db_schema=schema,
+            pool_min_size=min_size,
+            pool_max_size=max_size,
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
         )
+        self._pg_store = PostgresStore(settings=resolved)
+        super().__init__(self._pg_store, settings=resolved)
 
     @property
     def store(self) -> PostgresStore:

@@ -9,7 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
@@ -18,12 +18,13 @@ from loomflow.projections.sqlite_thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.store import DatabaseStore, PruneResult
-from loomflow.runtime.writer import DEFAULT_RETRY_SECONDS
 from loomflow.schemas import Event
 from loomflow.schemas.codec import Serializer
-from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
+
+if TYPE_CHECKING:
+    from loomflow.settings import Settings
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
 
@@ -70,10 +71,14 @@ class SqliteStore(DatabaseStore):
         self,
         path: str | os.PathLike[str],
         *,
-        busy_timeout_ms: int = 30_000,
+        busy_timeout_ms: int | None = None,
         create: bool = True,
     ) -> None:
         self.path = Path(path)
+        if busy_timeout_ms is None:
+            from loomflow.settings import Settings
+
+            busy_timeout_ms = Settings().sqlite_busy_timeout_ms
         self._busy_timeout_ms = busy_timeout_ms
         self.create = create
         self._thread = SqliteThread(self._open, f"the SQLite store {self.path}")
@@ -217,17 +222,24 @@ class SqliteRuntime(Runtime):
         self,
         path: str | os.PathLike[str],
         *,
-        max_checkpoints_per_session: int = 20,
-        serializer: Serializer = "json",
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        retry_seconds: float = DEFAULT_RETRY_SECONDS,
+        max_checkpoints_per_session: int | None = None,
+        serializer: Serializer | None = None,
+        lease_seconds: float | None = None,
+        retry_seconds: float | None = None,
+        settings: Settings | None = None,
     ) -> None:
-        super().__init__(
-            SqliteStore(path),
+        from loomflow.settings import Settings
+
+        resolved = Settings.resolve(
+            settings,
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
+        )
+        super().__init__(
+            SqliteStore(path, busy_timeout_ms=resolved.sqlite_busy_timeout_ms),
+            settings=resolved,
         )
 
 

@@ -25,11 +25,7 @@ if TYPE_CHECKING:
     from loomflow.runtime.store import EventStore
     from loomflow.schemas.sessions import SessionRecord
 
-__all__ = ["DEFAULT_RETRY_SECONDS", "SessionWriter", "WritePolicy"]
-
-#: how long a run's writes keep trying while the store says it is briefly away (a broker or
-#: database restarting) before the run fails, resumable: ``Runtime(retry_seconds=...)``
-DEFAULT_RETRY_SECONDS = 60.0
+__all__ = ["SessionWriter", "WritePolicy"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +34,8 @@ class WritePolicy:
     store is briefly away, and how its journal encodes step values (its runtime's
     ``retry_seconds`` and ``serializer``)."""
 
-    retry_seconds: float = DEFAULT_RETRY_SECONDS
-    serializer: Serializer = "json"
+    retry_seconds: float
+    serializer: Serializer
 
 
 logger = logging.getLogger("loomflow.runtime")
@@ -95,10 +91,10 @@ class SessionWriter:
         run_id: str,
         epoch: int,
         next_seq: int,
-        policy: WritePolicy | None = None,
+        policy: WritePolicy,
     ) -> None:
         self.store = store
-        self.policy = policy or WritePolicy()
+        self.policy = policy
         self.scope = scope
         self.run_id = run_id
         self.epoch = epoch

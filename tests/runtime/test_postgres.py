@@ -22,6 +22,7 @@ from loomflow.errors import (
 )
 from loomflow.projections import postgres as pg
 from loomflow.runtime import PostgresRuntime, PostgresStore, Scope, SessionWriter
+from loomflow.runtime.writer import WritePolicy
 from loomflow.schemas import (
     CheckpointsPruned,
     CheckpointWritten,
@@ -210,7 +211,15 @@ async def test_two_pools_racing_for_each_seq_lose_nothing(dsn: str, schema: str)
     run_id = new_id("run")
     # the same epoch in both: only the seq decides, as for two writers of one run
     writers = [
-        SessionWriter(rt.store, scope, run_id=run_id, epoch=1, next_seq=1) for rt in (first, second)
+        SessionWriter(
+            rt.store,
+            scope,
+            run_id=run_id,
+            epoch=1,
+            next_seq=1,
+            policy=WritePolicy(rt.retry_seconds, rt.serializer),
+        )
+        for rt in (first, second)
     ]
     acknowledged: list[Event] = []
     for round_ in range(30):
