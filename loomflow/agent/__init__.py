@@ -1,7 +1,7 @@
 """The Agent, its Tuning, and the loop of passes, tools, stop hooks and compaction."""
 
+from loomflow.agent.agent import Agent
 from loomflow.agent.context import RunContext, get_run_context
-from loomflow.agent.loop import Agent
 from loomflow.agent.signals import wait_for_signal
 from loomflow.agent.streaming import RunItem, TextDelta
 from loomflow.agent.tools import Tool, as_tool

@@ -1,47 +1,44 @@
-"""The Agent and its loop: passes of model call -> tool calls until a final answer."""
+"""One run of an agent over one session, as its single writer: the loop of passes (a
+model call, then the tool calls it asked for, until a final answer), the stop hooks and
+the output schema that may send the run on, auto-compaction, checkpoints, waits for a
+signal, and the events that record all of it.
+
+The :class:`~loomflow.agent.agent.Agent` claims and restores the session, then hands it
+to a :class:`Run`; this module does not import the Agent (it reads what it needs of it
+through :class:`RunHost`).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
-from loomflow.agent.context import RunContext
+from loomflow.agent import answer, compaction
 from loomflow.agent.context import activate as activate_context
 from loomflow.agent.context import deactivate as deactivate_context
 from loomflow.agent.hashes import TranscriptHashes
-from loomflow.agent.options import RECORDED_KEYWORDS, Hosted, schema_ref, tool_ref
+from loomflow.agent.options import ResolvedOptions
 from loomflow.agent.signals import Suspended
-from loomflow.agent.streaming import Emit, Emitter, RunItem, TextDelta, stream_of
-from loomflow.agent.tools import Tool, as_tool
+from loomflow.agent.streaming import TextDelta
 from loomflow.agent.tuning import SessionState, Tuning
 from loomflow.errors import (
     InvalidEventError,
     LoomflowError,
-    OutputValidationError,
     RunBudgetExceededError,
-    RunOptionsError,
     SerializationError,
     SignalTimeoutError,
 )
-from loomflow.models.base import (
-    COMPACTION_INSTRUCTIONS,
-    CallOptions,
-    Effort,
-    Model,
-    accepts_options,
-)
-from loomflow.runtime import InProcRuntime, Journal, RestoredState, Runtime, Scope, SessionWriter
+from loomflow.models.base import CallOptions, Model, accepts_options
+from loomflow.runtime import Journal, RestoredState, Runtime, SessionWriter
 from loomflow.schemas import (
-    CheckpointMeta,
     CheckpointWritten,
     Event,
     Message,
@@ -49,7 +46,6 @@ from loomflow.schemas import (
     RunFailed,
     RunFinished,
     RunHeartbeat,
-    RunOptions,
     RunResult,
     RunStarted,
     RunWaiting,
@@ -59,7 +55,6 @@ from loomflow.schemas import (
     TurnAppended,
     Usage,
     new_id,
-    validate_id,
 )
 from loomflow.schemas.codec import dumps, input_hash
 from loomflow.schemas.events import (
@@ -72,135 +67,26 @@ from loomflow.schemas.events import (
 )
 
 if TYPE_CHECKING:
-    from loomflow.schemas.sessions import SessionRecord, Waiting
+    from loomflow.schemas.sessions import Waiting
 
-__all__ = ["DEFAULT_AGENT_NAME", "Agent"]
-
-#: the name of an Agent not given one: a process that hosts a single agent resumes its
-#: runs without naming it
-DEFAULT_AGENT_NAME = "agent"
+__all__ = ["Run", "RunHost", "Take"]
 
 logger = logging.getLogger("loomflow.agent")
 
 
-def _resolve_model(model: Model | str) -> Model:
-    if isinstance(model, str):
-        from loomflow.models.anthropic import AnthropicModel
+class RunHost(Protocol):
+    """What a run reads of the Agent it runs for."""
 
-        return AnthropicModel(model)
-    if not hasattr(model, "complete"):
-        raise TypeError(f"model must be a Claude model name or a Model, got {type(model).__name__}")
-    return model
-
-
-def _check_prompt(prompt: object) -> str:
-    if not isinstance(prompt, str):
-        raise TypeError(f"prompt must be a string, not {type(prompt).__name__}")
-    if not prompt.strip():
-        raise ValueError("prompt is empty; pass prompt=None to resume() for the continuation nudge")
-    return prompt
-
-
-#: the keywords of run() that resume() passes on
-_RUN_KEYWORDS = frozenset(
-    {
-        "metadata",
-        "context",
-        "extra_tools",
-        "emit",
-        "output_schema",
-        "output_validation_retries",
-        "effort",
-    }
-)
-
-
-def _tools(
-    into: dict[str, Tool], more: Sequence[Callable[..., Any] | Tool] | None, where: str
-) -> dict[str, Tool]:
-    """``into`` plus the tools of ``more``; a name given twice is refused."""
-    if more is not None and (isinstance(more, str) or not isinstance(more, Sequence)):
-        raise TypeError(f"{where}tools must be a list of functions or Tools")
-    tools = dict(into)
-    for fn in more or ():
-        tool = as_tool(fn)
-        if tool.name in tools:
-            raise ValueError(f"{where}two tools are named {tool.name!r}")
-        tools[tool.name] = tool
-    return tools
-
-
-def _check_schema(schema: object) -> type[BaseModel] | None:
-    if schema is None:
-        return None
-    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
-        raise TypeError(
-            f"output_schema must be a pydantic model class, not {schema!r}; "
-            "define class Answer(BaseModel): ... and pass Answer"
-        )
-    return schema
-
-
-def _recorded(row: SessionRecord | None) -> tuple[dict[str, Any] | None, RunOptions | None]:
-    """The metadata and options the session's latest run recorded (or the fork it
-    started with): what a run that continues it is given."""
-    return (None, None) if row is None else (row.run_metadata, row.run_options)
-
-
-def _recorded_effort(effort: str | None, scope: Scope) -> Effort | None:
-    """The effort a run recorded, as this version knows it."""
-    try:
-        return None if effort is None else Effort(effort)
-    except ValueError:
-        missing = f"effort {effort!r}, which this version of loomflow does not know"
-        raise RunOptionsError(
-            f"cannot continue {scope.describe()}: its run was given {missing}; resume it "
-            "with an explicit effort= that replaces it",
-            missing=[missing],
-        ) from None
-
-
-def _check_effort(effort: object) -> Effort | None:
-    if effort is None:
-        return None
-    levels = ", ".join(e.value for e in Effort)
-    if not isinstance(effort, str):  # an Effort is a str too
-        raise TypeError(f"effort must be one of {levels}, not {effort!r}")
-    try:
-        return Effort(effort)
-    except ValueError:
-        raise ValueError(f"effort must be one of {levels}, not {effort!r}") from None
+    instructions: str
+    model: Model
+    runtime: Runtime
+    tuning: Tuning
+    #: where the agent's runs leave their sessions' transcript hashes
+    _hashes: TranscriptHashes
 
 
 @dataclass(frozen=True)
-class _RunOptions:
-    """A run's keywords, checked, with the agent's defaults filled in."""
-
-    context: RunContext
-    session_id: str | None
-    tools: dict[str, Tool]
-    #: the tools of ``tools`` given to this run only (recorded by name and schema hash)
-    extra: tuple[Tool, ...]
-    emitter: Emitter
-    output_schema: type[BaseModel] | None
-    retries: int
-    effort: Effort | None
-    #: the keywords of a resume() that replaced what its predecessor recorded
-    replaced: tuple[str, ...] = ()
-
-    def recorded(self) -> RunOptions:
-        """These options as run.started records them."""
-        return RunOptions(
-            extra_tools=tuple(tool_ref(tool) for tool in self.extra),
-            output_schema=None if self.output_schema is None else schema_ref(self.output_schema),
-            output_validation_retries=self.retries,
-            effort=None if self.effort is None else self.effort.value,
-            replaced=self.replaced,
-        )
-
-
-@dataclass(frozen=True)
-class _Take:
+class Take:
     """How a worker takes a run over: only right after ``after_seq``, as ``worker``;
     ``budget`` says (before each model call, given the calls and usage of this take)
     why the run may not spend more, or None; once ``stop`` is set the run stops at its
@@ -218,427 +104,18 @@ class _Released(BaseException):
     the next worker (not an Exception, so that a tool's ``except Exception`` passes it)."""
 
 
-class Agent:
-    """An agent whose runs are journaled by its runtime and can be resumed or forked."""
-
-    def __init__(
-        self,
-        instructions: str,
-        *,
-        model: Model | str,
-        runtime: Runtime | None = None,
-        tuning: Tuning | None = None,
-        tools: Sequence[Callable[..., Any] | Tool] | None = None,
-        output_schema: type[BaseModel] | None = None,
-        effort: Effort | str | None = None,
-        name: str = DEFAULT_AGENT_NAME,
-        extra_tools: Sequence[Callable[..., Any] | Tool] | None = None,
-        output_schemas: Sequence[type[BaseModel]] | None = None,
-    ) -> None:
-        if not isinstance(instructions, str):
-            raise TypeError("instructions must be a string")
-        self.instructions = instructions
-        # recorded in each run's run.started: what a process must host to resume the run
-        self.name = validate_id(name, "agent name")
-        self.model = _resolve_model(model)
-        self.runtime = runtime if runtime is not None else InProcRuntime()
-        # what the agent made itself it also closes: a Claude model's HTTP client, the
-        # default in-process runtime; what the caller passed in stays the caller's
-        self._owned: list[Any] = [self.model] if isinstance(model, str) else []
-        if runtime is None:
-            self._owned.append(self.runtime)
-        self.tuning = tuning or Tuning()
-        self.tools: dict[str, Tool] = _tools({}, tools, "")
-        #: defaults of every run; a run's own keywords override them
-        self.output_schema = _check_schema(output_schema)
-        self.effort = _check_effort(effort)
-        #: what a run may be given by name: a run that continues one recorded with these
-        #: extra tools or output schemas (in another process: a worker's) finds them here
-        self.hosted = Hosted.of(extra_tools, output_schemas, self.tools)
-        #: where this agent's runs left their sessions' transcript hashes
-        self._hashes = TranscriptHashes()
-
-    async def aclose(self) -> None:
-        """Close what this agent created (a model client, its default runtime)."""
-        owned, self._owned = self._owned, []
-        for resource in owned:
-            closing = getattr(resource, "aclose", None) or getattr(resource, "close", None)
-            if closing is not None:
-                await closing()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def run(
-        self,
-        prompt: str,
-        *,
-        session_id: str | None = None,
-        user_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        context: RunContext | None = None,
-        extra_tools: Sequence[Callable[..., Any] | Tool] | None = None,
-        emit: Emit | None = None,
-        output_schema: type[BaseModel] | None = None,
-        output_validation_retries: int = 1,
-        effort: Effort | str | None = None,
-    ) -> RunResult:
-        """Run the agent on ``prompt``; an existing session_id continues its conversation.
-
-        On a session that already has events (a crashed or finished run), the
-        conversation is rebuilt from the log first: recorded model and tool calls are
-        restored, never executed again.
-
-        ``context`` (a :class:`RunContext`) is what tools read with ``get_run_context()``;
-        ``user_id``, ``session_id`` and ``metadata`` override its fields. ``extra_tools``
-        are offered next to the agent's own, for this run. ``emit`` is awaited with each
-        event of the run as it is appended and with text deltas as the model streams
-        (see :meth:`stream`). ``output_schema`` (a pydantic model) is the shape of the
-        final answer: ``RunResult.parsed`` holds it validated, after up to
-        ``output_validation_retries`` turns that show the model its validation error.
-        ``effort`` (low, medium, high, max) is passed to the model.
-        """
-        _check_prompt(prompt)
-        options = self._options(
-            context,
-            user_id,
-            session_id,
-            metadata,
-            extra_tools,
-            emit,
-            output_schema,
-            output_validation_retries,
-            effort,
-        )
-        scope = Scope.of(
-            new_id("sess") if options.session_id is None else options.session_id,
-            options.context.user_id,
-        )
-        return await self._drive(scope, lambda row: options, prompt, mode="run")
-
-    async def _drive(
-        self,
-        scope: Scope,
-        options_for: Callable[[SessionRecord | None], _RunOptions],
-        prompt: str,
-        *,
-        mode: Literal["run", "resume"],
-        continuing: bool = False,
-        take: _Take | None = None,
-    ) -> RunResult:
-        """Claim the session, restore it and run the loop on it, with the options that
-        ``options_for`` makes of the session's row at the claim (a resume's: what the
-        latest run recorded, and the explicit keywords); raising there claims nothing.
-        A ``mode="resume"`` run continues from the newest checkpoint the claim finds."""
-        chosen: list[_RunOptions] = []
-
-        def prepare(row: SessionRecord | None) -> tuple[dict[str, Any], RunOptions]:
-            chosen[:] = [options_for(row)]
-            return dict(chosen[0].context.metadata), chosen[0].recorded()
-
-        writer = await self.runtime.open_session(
-            scope,
-            run_id=new_id("run"),
-            mode=mode,
-            prepare=prepare,
-            model=self.model.name,
-            agent=self.name,
-            claim_after=None if take is None else take.after_seq,
-            worker=None if take is None else take.worker,
-        )
-        restored = await self.runtime.claimed(writer)  # no second read of the session
-        if mode == "resume" and restored.checkpoint_id is None:
-            logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
-        run = _Run(self, writer, restored, chosen[0], continuing=continuing, take=take)
-        return await run.drive(prompt)
-
-    async def resume(
-        self,
-        prompt: str | None = None,
-        *,
-        session_id: str,
-        from_checkpoint: str = "latest",
-        user_id: str | None = None,
-        **run_kwargs: Any,
-    ) -> RunResult:
-        """Continue a session from its latest checkpoint, or fork it from an older one.
-
-        ``from_checkpoint="latest"`` (or the latest id) continues in place, replaying the
-        events recorded after the checkpoint. Any older id forks into a new ``sess…``
-        session. Without any checkpoint this falls back to ``run`` on the same session.
-
-        The resumed run is given the options the session's latest run recorded (its
-        metadata, extra_tools, output_schema, output_validation_retries, effort); the
-        tools and schema are found by name among this agent's own and what it hosts
-        (``Agent(extra_tools=..., output_schemas=...)``), and RunOptionsError says which
-        one is missing, before anything is written. A keyword of ``run`` given here
-        (``context`` with metadata counts as metadata) replaces the recorded one, and
-        the new run.started records that it did. ``emit`` is this call's own.
-        """
-        unknown = sorted(set(run_kwargs) - _RUN_KEYWORDS)
-        if unknown:
-            raise TypeError(
-                f"resume() got unexpected keyword arguments {unknown}; it takes run()'s: "
-                f"{', '.join(sorted(_RUN_KEYWORDS))}"
-            )
-        text = self.tuning.continuation_prompt if prompt is None else _check_prompt(prompt)
-        if not self.runtime.supports_checkpoints:
-            return await self.run(text, session_id=session_id, user_id=user_id, **run_kwargs)
-        if not isinstance(from_checkpoint, str):
-            raise TypeError("from_checkpoint must be 'latest' or a checkpoint id")
-        given = self._given(run_kwargs, user_id, session_id)
-        scope = Scope.of(session_id, given.context.user_id)
-        if from_checkpoint != "latest":
-            validate_id(from_checkpoint, "checkpoint id")
-            newest = await self.runtime.list_checkpoints(scope, 1)
-            if not newest or newest[0].checkpoint_id != from_checkpoint:
-                # an older checkpoint (or none of this session's: the fork raises)
-                return await self._fork(scope, from_checkpoint, text, run_kwargs, given)
-        return await self._drive(
-            scope,
-            lambda row: self._continued(_recorded(row), run_kwargs, given, scope),
-            text,
-            mode="resume",
-            continuing=prompt is None,
-        )
-
-    async def signal(
-        self, session_id: str, name: str, payload: Any = None, *, user_id: str | None = None
-    ) -> None:
-        """Send the signal ``name`` with ``payload`` (JSON, at most 64 KiB) to a session.
-
-        From any process. The signal is kept in the session's inbox until its run's
-        ``wait_for_signal(name)`` receives it: a run that waits for it now is resumed by
-        a worker that hosts this agent (or call ``resume(session_id=...)``); a run that
-        waits for it later receives it then. Raises SessionNotFoundError for a session
-        this user does not have, SessionBusyError while a live run holds the session
-        (retriable), SerializationError for a payload that is not JSON or too large.
-        """
-        validate_id(session_id, "session_id")
-        await self.runtime.signal(Scope.of(session_id, user_id), name, payload)
-
-    async def take_over(
-        self,
-        session_id: str,
-        *,
-        user_id: str | None,
-        after_seq: int,
-        worker: str,
-        last_attempt: bool = False,
-        emit: Emit | None = None,
-        budget: Callable[[int, Usage], str | None] | None = None,
-        stop: asyncio.Event | None = None,
-    ) -> RunResult:
-        """Resume a run on behalf of a worker (``prompt=None``), only if its session
-        still ends at ``after_seq``: of several workers that saw the same abandoned or
-        signalled run, exactly one takes it; the others get RunTakenError. The run is
-        given the options its predecessor recorded (RunOptionsError, before anything is
-        written, when one is not hosted here). On the ``last_attempt``, a failure parks
-        the session (``loomflow sessions ls --stuck``); so does passing the ``budget``
-        (called before each model call with this take's calls and usage, it returns
-        why the run may not go on, or None). Once ``stop`` is set, the run stops at its
-        next step with nothing recorded (left for another worker) and this raises
-        asyncio.CancelledError.
-        """
-        kwargs = {"emit": emit}
-        given = self._given(kwargs, user_id, session_id)
-        scope = Scope.of(session_id, user_id)
-        return await self._drive(
-            scope,
-            lambda row: self._continued(_recorded(row), kwargs, given, scope),
-            self.tuning.continuation_prompt,
-            mode="resume",
-            continuing=True,
-            take=_Take(after_seq, worker, last_attempt, budget, stop),
-        )
-
-    async def stream(self, prompt: str, **run_kwargs: Any) -> AsyncIterator[RunItem | RunResult]:
-        """Run as ``run`` does and yield what ``emit`` would receive, then the RunResult.
-
-        Items are the run's events as they are appended (``TurnAppended`` with model
-        answers, tool calls and results, ``CheckpointWritten``, ``RunFinished`` or
-        ``RunFailed``) and :class:`TextDelta` pieces of answers as the model streams
-        them. A run that fails raises after the items before its failure; leaving the
-        loop early cancels the run (which stays resumable).
-        """
-        if "emit" in run_kwargs:
-            raise TypeError("stream() delivers what emit would: pass no emit")
-        async for item in stream_of(lambda emit: self.run(prompt, emit=emit, **run_kwargs)):
-            yield item
-
-    async def stream_resume(
-        self, prompt: str | None = None, **resume_kwargs: Any
-    ) -> AsyncIterator[RunItem | RunResult]:
-        """Resume as ``resume`` does (same keywords) and yield what ``emit`` would
-        receive, then the RunResult, as ``stream`` does for ``run``."""
-        if "emit" in resume_kwargs:
-            raise TypeError("stream_resume() delivers what emit would: pass no emit")
-        async for item in stream_of(lambda emit: self.resume(prompt, emit=emit, **resume_kwargs)):
-            yield item
-
-    def _given(self, kwargs: dict[str, Any], user_id: str | None, session_id: str) -> _RunOptions:
-        """The keywords of a resume, checked as run() checks them (the recorded options
-        are laid under them later, from the session's row at the claim)."""
-        return self._options(
-            kwargs.get("context"),
-            user_id,
-            session_id,
-            kwargs.get("metadata"),
-            kwargs.get("extra_tools"),
-            kwargs.get("emit"),
-            kwargs.get("output_schema"),
-            kwargs.get("output_validation_retries", 1),
-            kwargs.get("effort"),
-        )
-
-    def _continued(
-        self,
-        run: tuple[dict[str, Any] | None, RunOptions | None],
-        kwargs: dict[str, Any],
-        given: _RunOptions,
-        scope: Scope,
-    ) -> _RunOptions:
-        """The options of a run that continues another: the metadata and options that
-        one recorded (``run``; None for what was not recorded), each replaced by the
-        keyword given for it (``given``, checked, from ``kwargs``).
-
-        Raises RunOptionsError when a recorded tool or schema is not hosted here as it
-        was recorded; nothing has been written then.
-        """
-        metadata, recorded = run
-        explicit = {k for k in RECORDED_KEYWORDS if kwargs.get(k) is not None}
-        context = kwargs.get("context")
-        if isinstance(context, RunContext) and context.metadata:
-            explicit.add("metadata")
-        options = given
-        if "metadata" not in explicit and metadata:
-            context = options.context.merged(user_id=None, session_id=None, metadata=metadata)
-            options = replace(options, context=context)
-        if recorded is None:  # a new session, or a run recorded before options were kept
-            return options
-        extra, schema = self.hosted.resolve(
-            () if "extra_tools" in explicit else recorded.extra_tools,
-            None if "output_schema" in explicit else recorded.output_schema,
-            own_tools=self.tools,
-            default_schema=self.output_schema,
-            where=scope.describe(),
-        )
-        if "extra_tools" not in explicit:
-            options = replace(
-                options, tools=_tools(self.tools, extra, "extra_tools: "), extra=tuple(extra)
-            )
-        if "output_schema" not in explicit:
-            options = replace(options, output_schema=schema)
-        if "output_validation_retries" not in explicit:
-            options = replace(options, retries=recorded.output_validation_retries)
-        if "effort" not in explicit:
-            options = replace(options, effort=_recorded_effort(recorded.effort, scope))
-        now = options.recorded()
-        changed = tuple(
-            keyword
-            for keyword, before, after in (
-                ("metadata", metadata, dict(options.context.metadata)),
-                ("extra_tools", recorded.extra_tools, now.extra_tools),
-                ("output_schema", recorded.output_schema, now.output_schema),
-                (
-                    "output_validation_retries",
-                    recorded.output_validation_retries,
-                    now.output_validation_retries,
-                ),
-                ("effort", recorded.effort, now.effort),
-            )
-            if keyword in explicit and before != after
-        )
-        return replace(options, replaced=changed)
-
-    def _options(
-        self,
-        context: RunContext | None,
-        user_id: str | None,
-        session_id: str | None,
-        metadata: dict[str, Any] | None,
-        extra_tools: Sequence[Callable[..., Any] | Tool] | None,
-        emit: Emit | None,
-        output_schema: type[BaseModel] | None,
-        output_validation_retries: int,
-        effort: Effort | str | None,
-    ) -> _RunOptions:
-        if context is not None and not isinstance(context, RunContext):
-            raise TypeError(f"context must be a RunContext, not {type(context).__name__}")
-        if metadata is not None and not isinstance(metadata, dict):
-            raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
-        if (
-            isinstance(output_validation_retries, bool)
-            or not isinstance(output_validation_retries, int)
-            or output_validation_retries < 0
-        ):
-            raise ValueError("output_validation_retries must be an int >= 0")
-        merged = (context or RunContext()).merged(
-            user_id=user_id, session_id=session_id, metadata=metadata
-        )
-        tools = _tools(self.tools, extra_tools, "extra_tools: ")
-        return _RunOptions(
-            context=merged,
-            session_id=merged.session_id,
-            tools=tools,
-            extra=tuple(tool for name, tool in tools.items() if name not in self.tools),
-            emitter=Emitter(emit),
-            output_schema=_check_schema(output_schema) or self.output_schema,
-            retries=output_validation_retries,
-            effort=_check_effort(effort) or self.effort,
-        )
-
-    async def _fork(
-        self,
-        parent: Scope,
-        checkpoint_id: str,
-        prompt: str,
-        kwargs: dict[str, Any],
-        given: _RunOptions,
-    ) -> RunResult:
-        """Fork ``parent`` at ``checkpoint_id`` into a new session and run it there, with
-        the options of the parent's latest run (replaced by the keywords given)."""
-        origin = await self.runtime.fork_origin(parent, checkpoint_id)  # raises if pruned
-        child = Scope(new_id("sess"), parent.user_id)
-        options = self._continued((origin.metadata, origin.options), kwargs, given, parent)
-        writer = await self.runtime.open_session(
-            child,
-            run_id=new_id("run"),
-            mode="fork",
-            from_checkpoint=checkpoint_id,
-            prepare=lambda row: (dict(options.context.metadata), options.recorded()),
-            model=self.model.name,
-            agent=self.name,
-            fork=origin,
-        )
-        restored = await self.runtime.claimed(writer)
-        return await _Run(self, writer, restored, options).drive(prompt)
-
-    async def list_checkpoints(
-        self, session_id: str, limit: int = 50, *, user_id: str | None = None
-    ) -> list[CheckpointMeta]:
-        """Checkpoints of the session for this user, newest first, without messages."""
-        scope = Scope.of(session_id, user_id)
-        if not self.runtime.supports_checkpoints:
-            return []
-        return await self.runtime.list_checkpoints(scope, limit)
-
-
-class _Run:
+class Run:
     """One run of the loop over one session, as its single writer."""
 
     def __init__(
         self,
-        agent: Agent,
+        agent: RunHost,
         writer: SessionWriter,
         restored: RestoredState | None,
-        options: _RunOptions,
+        options: ResolvedOptions,
         *,
         continuing: bool = False,
-        take: _Take | None = None,
+        take: Take | None = None,
     ) -> None:
         self.agent = agent
         #: where the run this one continues stopped to wait for a signal (resume with no
@@ -1012,7 +489,7 @@ class _Run:
                 True,
             )
 
-    # -- structured output --------------------------------------------------------------
+    # -- the final answer ---------------------------------------------------------------
 
     def _with_schema_note(self, prompt: str) -> str:
         """The prompt, telling a model that takes no options the schema to answer in
@@ -1020,8 +497,7 @@ class _Run:
         schema = self.options.output_schema
         if schema is None or self._calls_with_options:
             return prompt
-        shape = orjson.dumps(schema.model_json_schema()).decode()
-        return f"{prompt}\n\nAnswer with one JSON object matching this JSON Schema: {shape}"
+        return answer.schema_note(prompt, schema)
 
     def _check_output(self, retries: int) -> Message | None:
         """Validate the final answer against the output schema. None when it holds (or
@@ -1030,35 +506,20 @@ class _Run:
         schema = self.options.output_schema
         if schema is None:
             return None
-        output = self._output()
-        try:
-            self.parsed = schema.model_validate_json(output)
-        except ValidationError as exc:
-            error = str(exc)
-            if retries <= 0:
-                raise OutputValidationError(
-                    f"the final answer does not match {schema.__name__} after "
-                    f"{self.options.retries} retries: {error}",
-                    output=output,
-                    error=error,
-                ) from exc
-            logger.info(
-                "answer of %s does not match %s; asking again",
-                self.writer.scope.describe(),
-                schema.__name__,
-            )
-            return Message.user(
-                f"Your answer is not valid {schema.__name__} JSON: {error}\n"
-                "Answer again with only the JSON object."
-            )
-        return None
+        parsed, retry = answer.check_output(
+            schema, self._output(), retries, self.options.retries, self.writer.scope
+        )
+        if retry is None:
+            self.parsed = parsed
+        return retry
 
     def _parse_quietly(self) -> None:
         """A run cut short (turn or hook limit) keeps ``parsed`` if the answer is valid."""
         schema = self.options.output_schema
         if schema is not None:
-            with contextlib.suppress(ValidationError):
-                self.parsed = schema.model_validate_json(self._output())
+            parsed = answer.parse_quietly(schema, self._output())
+            if parsed is not None:
+                self.parsed = parsed
 
     async def _stop_hooks(self) -> Message | None:
         self._next_step()
@@ -1074,31 +535,14 @@ class _Run:
         )
         # a hook's journal steps and signal waits are keyed by the turn they follow
         journal = Journal(self.writer, prefix=f"stop:{self.turns}/")
-        for hook in self.tuning.stop_hooks:
-            token = journal.activate()
-            try:
-                outcome: Any = hook(state)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
-            finally:
-                Journal.deactivate(token)
-            if outcome is None:
-                continue
-            if isinstance(outcome, str):
-                return Message.user(outcome)
-            if isinstance(outcome, Message):
-                return outcome
-            raise TypeError(
-                f"stop hook {hook!r} returned {type(outcome).__name__}; return str, Message or None"
-            )
-        return None
+        return await answer.ask_stop_hooks(self.tuning.stop_hooks, state, journal)
 
     # -- compaction and checkpoints -----------------------------------------------------
 
     def _estimated_tokens(self) -> int:
         if self._context_tokens is not None:
             return self._context_tokens
-        return sum(len(m.content) + len(str(m.tool_calls)) for m in self.messages) // 4
+        return compaction.estimated_tokens(self.messages)
 
     async def _maybe_compact(self) -> None:
         threshold = self.tuning.auto_compact_at_tokens
@@ -1106,30 +550,17 @@ class _Run:
             return
         self._next_step()
         self._within_budget()
-        lead = 0
-        while lead < len(self.messages) and self.messages[lead].role is Role.SYSTEM:
-            lead += 1
-        # the kept tail starts at a user message so no tool result loses its tool call
-        cut = max(lead, len(self.messages) - self.tuning.compact_keep_messages)
-        while cut > lead and self.messages[cut].role is not Role.USER:
-            cut -= 1
+        lead, cut = compaction.split(self.messages, self.tuning.compact_keep_messages)
         head = self.messages[lead:cut]
         if not head:
             return
-        transcript = "\n\n".join(_render(m) for m in head)
         started = time.perf_counter()
-        response = await self.agent.model.complete(
-            [Message.system(COMPACTION_INSTRUCTIONS), Message.user(transcript)], []
-        )
+        response = await self.agent.model.complete(compaction.summary_request(head), [])
         latency_ms = _elapsed_ms(started)
         self.model_calls += 1
         self.usage = self.usage + response.usage
         self.spent = self.spent + response.usage
-        compacted = [
-            *self.messages[:lead],
-            Message.user(f"Summary of the earlier conversation:\n{response.message.content}"),
-            *self.messages[cut:],
-        ]
+        compacted = compaction.compacted(self.messages, lead, cut, response.message.content)
         await self.writer.emit(
             TranscriptCompacted,
             TranscriptCompactedPayload(
@@ -1228,10 +659,3 @@ class _Run:
 def _elapsed_ms(started: float) -> float:
     """Milliseconds since ``started`` (a ``perf_counter`` reading), to the microsecond."""
     return round((time.perf_counter() - started) * 1000, 3)
-
-
-def _render(message: Message) -> str:
-    text = f"[{message.role.value}] {message.content}"
-    for call in message.tool_calls:
-        text += f"\n(called {call.name} with {orjson.dumps(call.arguments).decode()})"
-    return text

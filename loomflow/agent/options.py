@@ -1,5 +1,6 @@
-"""A run's options in the log: what ``run()`` was given, recorded in its ``run.started``,
-and resolved again, by name and hash, in whatever process continues the run.
+"""A run's options: what ``run()`` was given, checked and with the agent's defaults
+filled in, recorded in its ``run.started``, and resolved again, by name and hash, in
+whatever process continues the run.
 
 Options that are data (metadata, retries, effort) are restored as recorded. Options that
 are code (extra tools, the output schema class) are recorded by name and the hash of
@@ -12,17 +13,38 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 
+from loomflow.agent.context import RunContext
+from loomflow.agent.streaming import Emit, Emitter
 from loomflow.agent.tools import Tool, as_tool
 from loomflow.errors import RunOptionsError
-from loomflow.schemas import SchemaRef, ToolRef
+from loomflow.models.base import Effort
+from loomflow.schemas import RunOptions, SchemaRef, Scope, ToolRef
 from loomflow.schemas.codec import input_hash
 
-__all__ = ["RECORDED_KEYWORDS", "Hosted", "schema_ref", "tool_ref"]
+if TYPE_CHECKING:
+    from loomflow.schemas.sessions import SessionRecord
+
+__all__ = [
+    "RECORDED_KEYWORDS",
+    "RUN_KEYWORDS",
+    "AgentDefaults",
+    "Hosted",
+    "ResolvedOptions",
+    "check_effort",
+    "check_schema",
+    "continued_options",
+    "given_options",
+    "recorded_in",
+    "resume_options",
+    "schema_ref",
+    "tool_ref",
+    "with_tools",
+]
 
 #: the keywords of run() recorded in run.started (``context`` records its metadata)
 RECORDED_KEYWORDS = (
@@ -31,6 +53,19 @@ RECORDED_KEYWORDS = (
     "output_schema",
     "output_validation_retries",
     "effort",
+)
+
+#: the keywords of run() that resume() passes on
+RUN_KEYWORDS = frozenset(
+    {
+        "metadata",
+        "context",
+        "extra_tools",
+        "emit",
+        "output_schema",
+        "output_validation_retries",
+        "effort",
+    }
 )
 
 
@@ -143,6 +178,221 @@ class Hosted:
                 missing=missing,
             )
         return found, resolved
+
+
+@dataclass(frozen=True)
+class ResolvedOptions:
+    """A run's keywords, checked, with the agent's defaults filled in."""
+
+    context: RunContext
+    session_id: str | None
+    tools: dict[str, Tool]
+    #: the tools of ``tools`` given to this run only (recorded by name and schema hash)
+    extra: tuple[Tool, ...]
+    emitter: Emitter
+    output_schema: type[BaseModel] | None
+    retries: int
+    effort: Effort | None
+    #: the keywords of a resume() that replaced what its predecessor recorded
+    replaced: tuple[str, ...] = ()
+
+    def recorded(self) -> RunOptions:
+        """These options as run.started records them."""
+        return RunOptions(
+            extra_tools=tuple(tool_ref(tool) for tool in self.extra),
+            output_schema=None if self.output_schema is None else schema_ref(self.output_schema),
+            output_validation_retries=self.retries,
+            effort=None if self.effort is None else self.effort.value,
+            replaced=self.replaced,
+        )
+
+
+class AgentDefaults(Protocol):
+    """What an Agent gives each of its runs: its own tools, its default output schema
+    and effort, and what it hosts for runs that ask for them by name."""
+
+    tools: dict[str, Tool]
+    output_schema: type[BaseModel] | None
+    effort: Effort | None
+    hosted: Hosted
+
+
+def given_options(
+    agent: AgentDefaults,
+    context: RunContext | None,
+    user_id: str | None,
+    session_id: str | None,
+    metadata: dict[str, Any] | None,
+    extra_tools: Sequence[Callable[..., Any] | Tool] | None,
+    emit: Emit | None,
+    output_schema: type[BaseModel] | None,
+    output_validation_retries: int,
+    effort: Effort | str | None,
+) -> ResolvedOptions:
+    """The keywords of ``agent.run()``, checked, with the agent's defaults filled in."""
+    if context is not None and not isinstance(context, RunContext):
+        raise TypeError(f"context must be a RunContext, not {type(context).__name__}")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    if (
+        isinstance(output_validation_retries, bool)
+        or not isinstance(output_validation_retries, int)
+        or output_validation_retries < 0
+    ):
+        raise ValueError("output_validation_retries must be an int >= 0")
+    merged = (context or RunContext()).merged(
+        user_id=user_id, session_id=session_id, metadata=metadata
+    )
+    tools = with_tools(agent.tools, extra_tools, "extra_tools: ")
+    return ResolvedOptions(
+        context=merged,
+        session_id=merged.session_id,
+        tools=tools,
+        extra=tuple(tool for name, tool in tools.items() if name not in agent.tools),
+        emitter=Emitter(emit),
+        output_schema=check_schema(output_schema) or agent.output_schema,
+        retries=output_validation_retries,
+        effort=check_effort(effort) or agent.effort,
+    )
+
+
+def resume_options(
+    agent: AgentDefaults, kwargs: dict[str, Any], user_id: str | None, session_id: str
+) -> ResolvedOptions:
+    """The keywords of a resume, checked as run() checks them (the recorded options
+    are laid under them later, from the session's row at the claim)."""
+    return given_options(
+        agent,
+        kwargs.get("context"),
+        user_id,
+        session_id,
+        kwargs.get("metadata"),
+        kwargs.get("extra_tools"),
+        kwargs.get("emit"),
+        kwargs.get("output_schema"),
+        kwargs.get("output_validation_retries", 1),
+        kwargs.get("effort"),
+    )
+
+
+def continued_options(
+    agent: AgentDefaults,
+    run: tuple[dict[str, Any] | None, RunOptions | None],
+    kwargs: dict[str, Any],
+    given: ResolvedOptions,
+    scope: Scope,
+) -> ResolvedOptions:
+    """The options of a run that continues another: the metadata and options that
+    one recorded (``run``; None for what was not recorded), each replaced by the
+    keyword given for it (``given``, checked, from ``kwargs``).
+
+    Raises RunOptionsError when a recorded tool or schema is not hosted here as it
+    was recorded; nothing has been written then.
+    """
+    metadata, recorded = run
+    explicit = {k for k in RECORDED_KEYWORDS if kwargs.get(k) is not None}
+    context = kwargs.get("context")
+    if isinstance(context, RunContext) and context.metadata:
+        explicit.add("metadata")
+    options = given
+    if "metadata" not in explicit and metadata:
+        context = options.context.merged(user_id=None, session_id=None, metadata=metadata)
+        options = replace(options, context=context)
+    if recorded is None:  # a new session, or a run recorded before options were kept
+        return options
+    extra, schema = agent.hosted.resolve(
+        () if "extra_tools" in explicit else recorded.extra_tools,
+        None if "output_schema" in explicit else recorded.output_schema,
+        own_tools=agent.tools,
+        default_schema=agent.output_schema,
+        where=scope.describe(),
+    )
+    if "extra_tools" not in explicit:
+        options = replace(
+            options, tools=with_tools(agent.tools, extra, "extra_tools: "), extra=tuple(extra)
+        )
+    if "output_schema" not in explicit:
+        options = replace(options, output_schema=schema)
+    if "output_validation_retries" not in explicit:
+        options = replace(options, retries=recorded.output_validation_retries)
+    if "effort" not in explicit:
+        options = replace(options, effort=_recorded_effort(recorded.effort, scope))
+    now = options.recorded()
+    changed = tuple(
+        keyword
+        for keyword, before, after in (
+            ("metadata", metadata, dict(options.context.metadata)),
+            ("extra_tools", recorded.extra_tools, now.extra_tools),
+            ("output_schema", recorded.output_schema, now.output_schema),
+            (
+                "output_validation_retries",
+                recorded.output_validation_retries,
+                now.output_validation_retries,
+            ),
+            ("effort", recorded.effort, now.effort),
+        )
+        if keyword in explicit and before != after
+    )
+    return replace(options, replaced=changed)
+
+
+def recorded_in(row: SessionRecord | None) -> tuple[dict[str, Any] | None, RunOptions | None]:
+    """The metadata and options the session's latest run recorded (or the fork it
+    started with): what a run that continues it is given."""
+    return (None, None) if row is None else (row.run_metadata, row.run_options)
+
+
+def with_tools(
+    into: dict[str, Tool], more: Sequence[Callable[..., Any] | Tool] | None, where: str
+) -> dict[str, Tool]:
+    """``into`` plus the tools of ``more``; a name given twice is refused."""
+    if more is not None and (isinstance(more, str) or not isinstance(more, Sequence)):
+        raise TypeError(f"{where}tools must be a list of functions or Tools")
+    tools = dict(into)
+    for fn in more or ():
+        tool = as_tool(fn)
+        if tool.name in tools:
+            raise ValueError(f"{where}two tools are named {tool.name!r}")
+        tools[tool.name] = tool
+    return tools
+
+
+def check_schema(schema: object) -> type[BaseModel] | None:
+    """``output_schema``, checked: None or a pydantic model class."""
+    if schema is None:
+        return None
+    if not (isinstance(schema, type) and issubclass(schema, BaseModel)):
+        raise TypeError(
+            f"output_schema must be a pydantic model class, not {schema!r}; "
+            "define class Answer(BaseModel): ... and pass Answer"
+        )
+    return schema
+
+
+def check_effort(effort: object) -> Effort | None:
+    """``effort``, checked: None or one of the levels of Effort."""
+    if effort is None:
+        return None
+    levels = ", ".join(e.value for e in Effort)
+    if not isinstance(effort, str):  # an Effort is a str too
+        raise TypeError(f"effort must be one of {levels}, not {effort!r}")
+    try:
+        return Effort(effort)
+    except ValueError:
+        raise ValueError(f"effort must be one of {levels}, not {effort!r}") from None
+
+
+def _recorded_effort(effort: str | None, scope: Scope) -> Effort | None:
+    """The effort a run recorded, as this version knows it."""
+    try:
+        return None if effort is None else Effort(effort)
+    except ValueError:
+        missing = f"effort {effort!r}, which this version of loomflow does not know"
+        raise RunOptionsError(
+            f"cannot continue {scope.describe()}: its run was given {missing}; resume it "
+            "with an explicit effort= that replaces it",
+            missing=[missing],
+        ) from None
 
 
 def _version(

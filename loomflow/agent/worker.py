@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from loomflow.agent.loop import Agent
+from loomflow.agent.agent import Agent
 from loomflow.agent.streaming import Emit
 from loomflow.errors import (
     InvalidEventError,
