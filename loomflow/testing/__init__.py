@@ -62,7 +62,19 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subproce
     ) from exc
 
 # the suites' assertions report their operands, as those of a test module do
-pytest.register_assert_rewrite("loomflow.testing.store", "loomflow.testing.runtime")
+pytest.register_assert_rewrite(
+    "loomflow.testing.store",
+    "loomflow.testing.runtime",
+    "loomflow.testing.checkpoints",
+    "loomflow.testing.resume",
+    "loomflow.testing.forks",
+    "loomflow.testing.failures",
+    "loomflow.testing.journal",
+    "loomflow.testing.fencing",
+    "loomflow.testing.retention",
+    "loomflow.testing.signals",
+    "loomflow.testing.keywords",
+)
 
 from loomflow.testing._support import RuntimeFactory, StoreFactory  # noqa: E402
 from loomflow.testing.runtime import RuntimeConformance  # noqa: E402

@@ -1,4 +1,5 @@
-"""What both conformance classes share: factories that close what they opened."""
+"""What the conformance suites share: factories that close what they opened, and the
+agent the runtime suite's mixins continue a session with."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any, ClassVar, Generic, Literal, NoReturn, Protocol, TypeVar
 import pytest
 import pytest_asyncio
 
+from loomflow import Agent, Tuning
+from loomflow.models import ScriptedModel
 from loomflow.runtime import EventStore, Runtime, Scope
 from loomflow.schemas import Event
 
@@ -17,6 +20,7 @@ __all__ = [
     "StoreFactory",
     "Suite",
     "commit",
+    "follower",
     "opened_fixture",
     "required_fixture",
 ]
@@ -76,6 +80,13 @@ async def commit(store: EventStore, events: Sequence[Event]) -> None:
     await store.append(events)
     for scope in dict.fromkeys(Scope(e.session_id, e.user_id) for e in events):
         await store.confirm(scope)
+
+
+def follower(runtime: Runtime, reply: str = "ok") -> Agent:
+    """A checkpointing agent that answers everything with ``reply``."""
+    return Agent(
+        "x", model=ScriptedModel(lambda m: reply), runtime=runtime, tuning=Tuning(checkpoint=True)
+    )
 
 
 def required_fixture(name: str, makes: str) -> Any:
