@@ -139,7 +139,7 @@ class Settings(BaseSettings):
     @field_validator("lease_seconds", "retry_seconds", mode="before")
     @classmethod
     def _seconds(cls, value: Any, info: ValidationInfo) -> float:
-        least = _COUNTS[info.field_name] or 0.0
+        least = _COUNTS.get(info.field_name or "") or 0.0
         number = value
         if isinstance(value, str):
             with contextlib.suppress(ValueError):  # not a number: refused below

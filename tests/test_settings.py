@@ -72,7 +72,7 @@ def test_a_bad_run_option_in_the_environment_is_refused_by_name(
 
 def test_retention_is_a_keyword_of_every_runtime() -> None:
     with pytest.raises(TypeError):
-        InProcRuntime(5)  # type: ignore[misc]
+        InProcRuntime(5)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(
