@@ -6,14 +6,16 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint bench mutants
 
-$(STAMP): pyproject.toml
+# The demo is a distribution of its own (examples/demo), installed beside the library: the
+# tests run it and make lint checks it, so every target has it.
+$(STAMP): pyproject.toml examples/demo/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[all,dev]'
+	$(PY) -m pip install -q -e '.[all,dev]' -e examples/demo
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/loomflow demo
+	$(VENV)/bin/loomflow-demo
 
 test: $(STAMP)
 	dev/test.sh

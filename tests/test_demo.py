@@ -1,12 +1,14 @@
-"""`loomflow demo` end to end: a real worker process, a real SIGKILL, resume and fork; then
-real `loomflow worker` processes, one of them SIGKILLed, and a real `loomflow signal`.
+"""The demo (examples/demo, `make demo`) end to end: a real worker process, a real SIGKILL,
+resume and fork; then real `loomflow worker` processes, one of them SIGKILLed, and a real
+`loomflow signal`.
 
 A resume's RunResult says how many turns it restored, not whether it sent them to the
 model again. So the demo's claims are checked against the calls the model really
 answered, from the demo's CallLog (one line per answered call, written by whichever
 process made it), beside the turns each run recorded in the SQLite log.
 
-The demo runs once for the module (it takes seconds); each test reads its output and log.
+The demo runs once for the module (it takes seconds), as `make demo` runs it: the
+`loomflow-demo` command of .venv; each test reads its output and log.
 """
 
 from __future__ import annotations
@@ -19,20 +21,10 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from loomflow.demo import scenario
-from loomflow.demo.assistant import editor_answer
-from loomflow.demo.scenario import (
-    HOSTED_AGENTS,
-    CallLog,
-    ModelCall,
-    ProcessRun,
-    Unattended,
-    call_log_path,
-)
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import (
     Event,
@@ -43,8 +35,20 @@ from loomflow.schemas import (
     SignalSent,
     TurnAppended,
 )
+from loomflow_demo import scenario
+from loomflow_demo.assistant import editor_answer
+from loomflow_demo.scenario import (
+    HOSTED_AGENTS,
+    CallLog,
+    ModelCall,
+    ProcessRun,
+    Unattended,
+    call_log_path,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: what `make demo` runs: the console script the demo's distribution installs
+DEMO_COMMAND = Path(sys.executable).with_name("loomflow-demo")
 SESSION_ID = r"sess[0-9a-z]{26}"
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -106,7 +110,7 @@ def run_demo(db: Path) -> str:
     env.pop("FORCE_COLOR", None)
     env.update(NO_COLOR="1", COLUMNS="100")
     proc = subprocess.run(
-        [sys.executable, "-m", "loomflow.cli", "demo", "--db", str(db)],
+        [str(DEMO_COMMAND), "--db", str(db)],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -120,7 +124,7 @@ def run_demo(db: Path) -> str:
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The demo's log and output, from one run of `loomflow demo` for the module."""
+    """The demo's log and output, from one run of `loomflow-demo` for the module."""
     db = tmp_path_factory.mktemp("demo") / "demo.db"
     return db, run_demo(db)
 
@@ -298,30 +302,57 @@ def test_the_logs_other_readers_count_every_session_of_the_demo(demo: tuple[Path
     assert out.rstrip().endswith("loomflow audit verify: 4 sessions match the log"), out
 
 
-@pytest.mark.slow
-def test_a_failing_scene_leaves_no_worker_behind(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
-    spawned: list[subprocess.Popen[bytes]] = []
-    spawn = scenario._UnattendedScene._spawn
+@pytest.fixture(scope="module")
+def failed_scene(tmp_path_factory: pytest.TempPathFactory) -> list[subprocess.Popen[bytes]]:
+    """Every child process of a demo that fails while both of its workers run (the first
+    part's worker, two `loomflow worker`s, the run process), each waited for."""
+    children: list[subprocess.Popen[bytes]] = []
+    popen = subprocess.Popen
 
-    def recorded(self: Any, *args: Any, **kwargs: Any) -> Any:
-        child = spawn(self, *args, **kwargs)
-        spawned.append(child.proc)
+    def recorded(*args: Any, **kwargs: Any) -> subprocess.Popen[bytes]:
+        child = popen(*args, **kwargs)
+        children.append(child)
         return child
 
     async def fails(self: Any, survivor: Any) -> None:
         assert survivor.proc.poll() is None  # a worker is still running when it fails
         raise scenario.DemoError("the approval failed")
 
-    monkeypatch.setattr(scenario._UnattendedScene, "_spawn", recorded)
-    monkeypatch.setattr(scenario._UnattendedScene, "_approval", fails)
-    steps: list[object] = []
-    with pytest.raises(scenario.DemoError, match="the approval failed"):
-        scenario.play(tmp_path / "demo.db", 3, "unused", steps.append)
-    assert len(spawned) == 3  # two workers and the run process
-    assert all(proc.returncode == -signal.SIGKILL for proc in spawned), spawned
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("ANTHROPIC_API_KEY", raising=False)
+        patch.setattr(subprocess, "Popen", recorded)
+        patch.setattr(scenario._UnattendedScene, "_approval", fails)
+        db = tmp_path_factory.mktemp("failed") / "demo.db"
+        with pytest.raises(scenario.DemoError, match="the approval failed"):
+            scenario.play(db, 3, "unused", lambda step: None)
+    return children
+
+
+@pytest.mark.slow
+def test_a_failing_scene_leaves_no_worker_behind(
+    failed_scene: list[subprocess.Popen[bytes]],
+) -> None:
+    # the story SIGKILLs the worker, the run process and one `loomflow worker`; the demo's
+    # failure, the other
+    assert len(failed_scene) == 4
+    assert all(proc.returncode == -signal.SIGKILL for proc in failed_scene), failed_scene
+
+
+@pytest.mark.slow
+def test_the_demo_starts_its_worker_itself_and_only_library_commands_with_loomflow(
+    failed_scene: list[subprocess.Popen[bytes]],
+) -> None:
+    # the process the demo kills is a module of the demo's package: the library's command
+    # line knows nothing of it, and hosts the demo's agents only as `loomflow worker` does
+    # any user's factory
+    own = [sys.executable, "-P", "-m", "loomflow_demo.worker"]
+    library = [sys.executable, "-P", "-m", "loomflow.cli", "worker", HOSTED_AGENTS]
+    commands = [cast(list[str], proc.args) for proc in failed_scene]
+    kinds = [
+        "own" if command[:4] == own else "library" if command[:6] == library else command
+        for command in commands
+    ]
+    assert kinds == ["own", "library", "library", "own"], commands
 
 
 def test_a_take_over_that_resends_a_recorded_turn_is_counted_as_repeated() -> None:
@@ -353,12 +384,15 @@ def test_the_workers_factory_says_what_it_needs_when_run_by_hand() -> None:
     )
 
 
-def test_the_scenario_and_the_core_load_no_rich() -> None:
+def test_the_library_loads_no_demo_and_the_demos_worker_no_rich() -> None:
     probe = (
-        "import sys, loomflow, loomflow.cli\n"
-        # the CLI reads the demo's WORKER_COMMAND from its package, and loads no module of it
-        "assert not any(m.startswith(('rich', 'loomflow.demo.')) for m in sys.modules)\n"
-        "import loomflow.demo.scenario\n"
+        "import contextlib, io, sys, loomflow\n"
+        "from loomflow.cli import main\n"
+        # --help loads every command's module, and none of the demo's
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['--help'])\n"
+        "assert not any(m.split('.')[0] in ('rich', 'loomflow_demo') for m in sys.modules)\n"
+        "import loomflow_demo.worker\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'rich'))\n"
     )
     done = subprocess.run(
@@ -366,3 +400,15 @@ def test_the_scenario_and_the_core_load_no_rich() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_demos_module_entry_checks_its_options() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "loomflow_demo", "--kill-after-turns", "0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "loomflow-demo: error: argument --kill-after-turns: must be at least 1" in done.stderr

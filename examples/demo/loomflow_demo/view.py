@@ -1,8 +1,9 @@
-"""How `loomflow demo` looks in a terminal: rich draws each step the scenario reports.
+"""How the demo (`loomflow-demo`) looks in a terminal: rich draws each step the scenario reports.
 
-Needs the ``[cli]`` extra (rich). What happens and what counts as success is the
-scenario's; this module only words and lays out the records it is handed, so the same
-scenario could be shown another way, or checked by a test without a terminal.
+Needs rich, which the demo's distribution installs (loomflow's ``[cli]`` extra). What
+happens and what counts as success is the scenario's; this module only words and lays out
+the records it is handed, so the same scenario could be shown another way, or checked by a
+test without a terminal.
 """
 
 from __future__ import annotations
@@ -16,9 +17,17 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from loomflow.demo import WORKER_COMMAND
-from loomflow.demo.assistant import APPROACH_PROMPTS
-from loomflow.demo.scenario import (
+from loomflow.schemas import (
+    CheckpointMeta,
+    CheckpointWritten,
+    EventBase,
+    Role,
+    ToolCall,
+    TurnAppended,
+)
+from loomflow_demo.assistant import APPROACH_PROMPTS
+from loomflow_demo.scenario import (
+    WORKER_MODULE,
     Approved,
     Audited,
     CheckpointList,
@@ -41,14 +50,6 @@ from loomflow.demo.scenario import (
     WorkersStopped,
     WorkerStarted,
     play,
-)
-from loomflow.schemas import (
-    CheckpointMeta,
-    CheckpointWritten,
-    EventBase,
-    Role,
-    ToolCall,
-    TurnAppended,
 )
 
 __all__ = ["DemoView", "run_demo"]
@@ -102,8 +103,8 @@ class DemoView:
                 self.console.rule("[bold]1 · The agent runs in a worker process")
             case WorkerStarted():
                 self.console.print(
-                    f"started worker [bold]pid {step.pid}[/]: python -m loomflow.cli "
-                    f"{WORKER_COMMAND} …\n  agent.run(task, session_id={step.session_id})"
+                    f"started worker [bold]pid {step.pid}[/]: python -m {WORKER_MODULE} "
+                    "…\n  agent.run(task, session_id={step.session_id})"
                 )
             case EventBase():
                 self._event(step)
@@ -179,7 +180,7 @@ class DemoView:
         )
         self.console.print(
             Panel(
-                grid, title="loomflow demo · crash, resume, fork, unattended", border_style="cyan"
+                grid, title="loomflow-demo · crash, resume, fork, unattended", border_style="cyan"
             )
         )
 
@@ -439,7 +440,7 @@ class DemoView:
 
     def _run_process_started(self, started: RunProcessStarted) -> None:
         self.console.print(
-            f"started the run process [bold]pid {started.pid}[/] ({WORKER_COMMAND}, lease "
+            f"started the run process [bold]pid {started.pid}[/] ({WORKER_MODULE}, lease "
             f"{started.lease_seconds:g} s)\n  agent.run(task, session_id={started.session_id})"
         )
 

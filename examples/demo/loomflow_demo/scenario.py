@@ -1,15 +1,16 @@
-"""What `loomflow demo` does: a worker process is SIGKILLed mid-run, resumed here, then forked;
-then runs finish unattended, taken over by `loomflow worker` processes.
+"""What the demo (`make demo`, `loomflow-demo`) does: a worker process is SIGKILLed mid-run,
+resumed here, then forked; then runs finish unattended, taken over by `loomflow worker`
+processes.
 
-The worker is a real child process writing to a SQLite log; this process watches that log,
-kills the worker, and continues the same session itself. In the unattended scene, two
-`loomflow worker` processes host the demo's agents: a new run's process and then the
-worker that took its run over are SIGKILLed, and the other worker finishes the run; a
-run that waits for an editor's approval is finished by a worker once `loomflow signal`
-sends it. Each step is handed to a callback as a plain record (the dataclasses below),
-so this module decides what happens and checks that it went right while the view
-decides only how it looks: nothing here imports rich, and the child processes load
-none of it.
+The worker is a real child process (``python -m loomflow_demo.worker``, a module of the
+demo's own package) writing to a SQLite log; this process watches that log, kills the
+worker, and continues the same session itself. In the unattended scene, two `loomflow
+worker` processes host the demo's agents: a new run's process and then the worker that took
+its run over are SIGKILLed, and the other worker finishes the run; a run that waits for an
+editor's approval is finished by a worker once `loomflow signal` sends it. Each step is
+handed to a callback as a plain record (the dataclasses below), so this module decides what
+happens and checks that it went right while the view decides only how it looks: nothing here
+imports rich, and the child processes load none of it.
 
 Every model call a process of the demo gets answered is added to a CallLog beside the
 SQLite file. The event log says which turns were recorded; only the call log says which
@@ -39,23 +40,6 @@ from loomflow.analytics.embedded import stats_path
 from loomflow.analytics.embedded import update as update_stats
 from loomflow.analytics.tally import Stats
 from loomflow.audit.auditor import Auditor, Verification, verify_trail
-from loomflow.demo import WORKER_COMMAND
-from loomflow.demo.assistant import (
-    APPROVAL_SIGNAL,
-    APPROVAL_TASK,
-    APPROVER,
-    FORK_PROMPT,
-    MAIN_TURNS,
-    REFINEMENTS,
-    RESEARCHER,
-    TASK,
-    TOOLS,
-    approver_reply,
-    build_agent,
-    build_approver,
-    editor_answer,
-    scripted_reply,
-)
 from loomflow.log.reader import sqlite_reader
 from loomflow.models.base import Model, ModelResponse, ToolSpec
 from loomflow.models.scripted import ScriptedModel
@@ -72,6 +56,22 @@ from loomflow.schemas import (
     SignalSent,
     TurnAppended,
     new_id,
+)
+from loomflow_demo.assistant import (
+    APPROVAL_SIGNAL,
+    APPROVAL_TASK,
+    APPROVER,
+    FORK_PROMPT,
+    MAIN_TURNS,
+    REFINEMENTS,
+    RESEARCHER,
+    TASK,
+    TOOLS,
+    approver_reply,
+    build_agent,
+    build_approver,
+    editor_answer,
+    scripted_reply,
 )
 
 __all__ = [
@@ -103,14 +103,18 @@ __all__ = [
     "make_approver_model",
     "make_model",
     "play",
-    "run_worker",
 ]
 
 SCRIPTED_LATENCY_S = 0.15
-#: How the demo starts ``loomflow`` in a child: this interpreter, and -P so that the
-#: current directory is not put first on the path, where a ``loomflow`` folder (an older
-#: checkout) would stand in for the loomflow this process runs.
+#: How the demo starts ``loomflow`` in a child, for the library's own commands (worker,
+#: signal): this interpreter, and -P so that the current directory is not put first on the
+#: path, where a ``loomflow`` folder (an older checkout) would stand in for the loomflow
+#: this process runs.
 LOOMFLOW_CLI = (sys.executable, "-P", "-m", "loomflow.cli")
+#: The demo's worker process, which the library knows nothing of: a module of this package,
+#: started the same way.
+WORKER_MODULE = "loomflow_demo.worker"
+DEMO_WORKER = (sys.executable, "-P", "-m", WORKER_MODULE)
 POLL_INTERVAL_S = 0.05
 
 Backend = Literal["scripted", "anthropic"]
@@ -219,47 +223,10 @@ def make_approver_model(log: CallLog) -> LoggedModel:
     return LoggedModel(scripted, log, "approval")
 
 
-# -- the worker process --------------------------------------------------------------------
-
-
-def run_worker(
-    db: Path,
-    session_id: str,
-    backend: Backend,
-    model_name: str,
-    lease_seconds: float | None = None,
-    step: CallStep = "worker",
-) -> int:
-    """Run the task on ``session_id`` until it finishes (or, in the demo, is killed)."""
-    asyncio.run(_work(db, session_id, backend, model_name, lease_seconds, step))
-    return 0
-
-
-async def _work(
-    db: Path,
-    session_id: str,
-    backend: Backend,
-    model_name: str,
-    lease_seconds: float | None,
-    step: CallStep,
-) -> None:
-    model = make_model(backend, model_name, CallLog(call_log_path(db)), step)
-    runtime = (
-        SqliteRuntime(db)
-        if lease_seconds is None
-        else SqliteRuntime(db, lease_seconds=lease_seconds)
-    )
-    try:
-        await build_agent(runtime, model).run(TASK, session_id=session_id)
-    finally:
-        await model.aclose()
-        await runtime.close()
-
-
 # -- what the scene's `loomflow worker` processes host ---------------------------------------
 
-#: The factory the scene's workers load: `loomflow worker loomflow.demo.scenario:hosted_agents`.
-HOSTED_AGENTS = "loomflow.demo.scenario:hosted_agents"
+#: The factory the scene's workers load: `loomflow worker loomflow_demo.scenario:hosted_agents`.
+HOSTED_AGENTS = "loomflow_demo.scenario:hosted_agents"
 #: What the factory needs, passed by the demo in the workers' environment.
 ENV_DB = "LOOMFLOW_DEMO_DB"
 ENV_BACKEND = "LOOMFLOW_DEMO_BACKEND"
@@ -275,7 +242,7 @@ def hosted_agents() -> list[Agent]:
     if missing:
         raise ValueError(
             f"{HOSTED_AGENTS} reads {', '.join(missing)} from the environment; "
-            "`loomflow demo` sets them for the workers it starts"
+            "`loomflow-demo` sets them for the workers it starts"
         )
     backend = os.environ[ENV_BACKEND]
     if backend not in ("scripted", "anthropic"):
@@ -751,19 +718,23 @@ class _Scenario:
 
     # -- the worker, watched through the log -------------------------------------------------
 
-    def _start_worker(self, stderr: IO[bytes]) -> _Child:
-        command = [
-            *LOOMFLOW_CLI,
-            WORKER_COMMAND,
+    def worker_command(self, session_id: str, *options: str) -> list[str]:
+        """The command of a worker process that runs the task on ``session_id``."""
+        return [
+            *DEMO_WORKER,
             "--db",
             str(self.db),
             "--session-id",
-            self.session_id,
+            session_id,
             "--backend",
             self.backend,
             "--model",
             self.model_name,
+            *options,
         ]
+
+    def _start_worker(self, stderr: IO[bytes]) -> _Child:
+        command = self.worker_command(self.session_id)
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
         self.report(WorkerStarted(proc.pid, self.session_id))
         return _Child(proc, stderr)
@@ -1109,22 +1080,8 @@ class _UnattendedScene:
         return await self._unattended(tail, runner), second
 
     def _start_run_process(self, session_id: str) -> _Child:
-        command = [
-            *LOOMFLOW_CLI,
-            WORKER_COMMAND,
-            "--db",
-            str(self.s.db),
-            "--session-id",
-            session_id,
-            "--backend",
-            self.s.backend,
-            "--model",
-            self.s.model_name,
-            "--lease",
-            f"{UNATTENDED_LEASE_S:g}",
-            "--step",
-            "unattended",
-        ]
+        lease = ("--lease", f"{UNATTENDED_LEASE_S:g}")
+        command = self.s.worker_command(session_id, *lease, "--step", "unattended")
         child = self._spawn(command, "run process")
         self.s.report(RunProcessStarted(child.proc.pid, session_id, UNATTENDED_LEASE_S))
         return child
