@@ -1,4 +1,10 @@
-"""The ``loomflow`` command line."""
+"""The ``loomflow`` command line: the parser built from the command modules, and the
+dispatch to the handler of the command given.
+
+Each module of ``_MODULES`` adds a family of commands; what several of them share lives
+in ``options`` (argument types and options), ``stores`` (where a command's log is, and
+the one factory of its runtime, reader, trail and tables) and ``render`` (how rows look).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from importlib import import_module, metadata
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from loomflow.settings import Settings
-
-__all__ = ["CommandModule", "add_loglevel", "main"]
+__all__ = ["CommandModule", "main"]
 
 
 class CommandModule(Protocol):
@@ -21,26 +24,6 @@ class CommandModule(Protocol):
 
     def add_parser(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         """Add its commands, each with ``set_defaults(handler=...)``."""
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def add_loglevel(parser: argparse.ArgumentParser) -> None:
-    """The ``--loglevel`` of a command that runs a faust worker."""
-    parser.add_argument(
-        "--loglevel",
-        default="info",
-        choices=("crit", "error", "warn", "info", "debug"),
-        help="(default: %(default)s)",
-    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,19 +56,6 @@ def _version() -> str:
         return metadata.version("loomflow-durable")
     except metadata.PackageNotFoundError:
         return "(not installed)"
-
-
-def _settings() -> Settings | None:
-    """The LOOMFLOW_* settings, or None after printing why they do not validate."""
-    from pydantic import ValidationError
-
-    from loomflow.settings import Settings
-
-    try:
-        return Settings()
-    except ValidationError as exc:
-        print(f"loomflow: invalid LOOMFLOW_* setting: {exc}", file=sys.stderr)
-        return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -15,9 +15,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli import add_loglevel
-from loomflow.cli._log import quiet_kafka
-from loomflow.cli.sessions import parse_when
+from loomflow.cli.options import add_loglevel, parse_when
+from loomflow.cli.stores import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
     from loomflow.analytics.tally import Counters, Stats
@@ -104,42 +103,20 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace, command: str) -> Stats | None:
     """The tables, cut at --since; None after printing why they cannot be read."""
-    import asyncio
-
     from loomflow.errors import LoomflowError
 
     if args.stats_db is not None and args.db is None:
         print(f"loomflow {command}: --stats-db needs --db (the journal)", file=sys.stderr)
         return None
+    source = Source.of(args.db)
+    if source is None:
+        return None
+
+    def warn(note: str) -> None:
+        print(f"loomflow {command}: {note}", file=sys.stderr)
+
     try:
-        if args.db is not None:
-            from loomflow.analytics import embedded as stats_db
-
-            progress = asyncio.run(stats_db.update(args.db, args.stats_db))
-            if progress.skipped:
-                print(
-                    f"loomflow {command}: {progress.skipped} of {progress.records} new log "
-                    "records were not counted (see the warnings above)",
-                    file=sys.stderr,
-                )
-            stats = stats_db.load(
-                args.stats_db or stats_db.stats_path(args.db), source=f"journal {args.db}"
-            )
-        else:
-            from loomflow.analytics.app import lag, read_stats
-            from loomflow.cli import _settings
-
-            settings = _settings()
-            if settings is None:
-                return None
-            stats = asyncio.run(read_stats(settings))
-            behind = asyncio.run(lag(settings))
-            if behind:
-                print(
-                    f"loomflow {command}: group {settings.analytics_group} has {behind} "
-                    f"records of {settings.events_topic} left to count",
-                    file=sys.stderr,
-                )
+        stats = source.stats(args.stats_db, warn=warn)
     except LoomflowError as exc:
         print(f"loomflow {command}: {exc}", file=sys.stderr)
         return None
@@ -298,11 +275,10 @@ def _journal_files(args: argparse.Namespace) -> dict[str, Path]:
 def _analytics(args: argparse.Namespace) -> int:
     import asyncio
 
-    from loomflow.cli import _settings
     from loomflow.errors import StoreError
     from loomflow.producers import Topics, ensure_topics
 
-    settings = _settings()
+    settings = read_settings()
     if settings is None:
         return 2
     try:  # the events topic exists before faust subscribes (a faust app without it fails)

@@ -9,21 +9,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import (
-    add_db_option,
-    count,
-    quiet_kafka,
-    reader_of,
-    settings_unless_db,
-    trail_of,
-    user_of,
-)
+from loomflow.cli.options import add_db_option, user_of
+from loomflow.cli.render import count
+from loomflow.cli.stores import Source, quiet_kafka
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from loomflow.audit.auditor import Verification
-    from loomflow.settings import Settings
 
 NAMES = ("audit",)
 
@@ -73,13 +66,13 @@ def _audit(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
     console = _console()
-    usable, settings = settings_unless_db(args.db)
-    if not usable:
+    source = Source.of(args.db)
+    if source is None:
         return 2
     if not args.follow:
         quiet_kafka()
     try:
-        done = asyncio.run(_run_audit(args.db, args.trail, settings, args.follow, console))
+        done = asyncio.run(_run_audit(source, args.trail, args.follow, console))
     except LoomflowError as exc:
         print(f"loomflow audit: {exc}", file=sys.stderr)
         return 1
@@ -87,18 +80,19 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _run_audit(
-    db: Path | None, trail_path: Path | None, settings: Settings | None, follow: bool, out: Console
-) -> str:
+async def _run_audit(source: Source, trail_path: Path | None, follow: bool, out: Console) -> str:
     from loomflow.audit.auditor import Auditor
     from loomflow.log.reader import require_log
 
-    if db is not None:
-        await require_log(db)  # before a trail is created beside something else
-    async with trail_of(db, trail_path, settings) as trail:
-        start: Any = (await trail.position() or "beginning") if db is not None else "committed"
-        group = None if settings is None else settings.audit_group
-        async with reader_of(db, settings, group=group, start=start) as reader:
+    if source.db is not None:
+        await require_log(source.db)  # before a trail is created beside something else
+    async with source.trail(trail_path) as trail:
+        # an embedded trail keeps its position in the log; at scale the group commits it
+        if source.settings is None:
+            reader = source.reader(start=await trail.position() or "beginning")
+        else:
+            reader = source.reader(group=source.settings.audit_group, start="committed")
+        async with reader:
             auditor = Auditor(reader, trail)
             if follow:
                 stop = asyncio.Event()
@@ -121,8 +115,8 @@ def _verify(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
     console = _console()
-    usable, settings = settings_unless_db(args.db)
-    if not usable:
+    source = Source.of(args.db)
+    if source is None:
         return 2
     quiet_kafka()
     filters: dict[str, Any] = {}
@@ -131,32 +125,34 @@ def _verify(args: argparse.Namespace) -> int:
     if args.session is not None:
         filters["session_id"] = args.session
     try:
-        result, source = asyncio.run(_run_verify(args.db, args.trail, settings, filters))
+        result, log_name = asyncio.run(_run_verify(source, args.trail, filters))
     except LoomflowError as exc:
         print(f"loomflow audit verify: {exc}", file=sys.stderr)
         return 1
-    _print_verification(console, result, source, filters)
+    _print_verification(console, result, log_name, filters)
     return 1 if result.problems or (filters and not result.sessions) else 0
 
 
 async def _run_verify(
-    db: Path | None, trail_path: Path | None, settings: Settings | None, filters: dict[str, Any]
+    source: Source, trail_path: Path | None, filters: dict[str, Any]
 ) -> tuple[Verification, str]:
+    """The verification of the trail against the log, and the log's name."""
     from loomflow.audit.auditor import verify_trail
     from loomflow.log.reader import committed_offsets, require_log
 
+    db = source.db
     if db is not None:
         await require_log(db)
         if not (trail_path or _default_trail(db)).exists():
             from loomflow.errors import StoreError
 
             raise StoreError(f"no audit trail for {db} yet: run `loomflow audit --db {db}` first")
-    async with trail_of(db, trail_path, settings, create=False) as trail:
-        if settings is None:
+    async with source.trail(trail_path, create=False) as trail:
+        if source.settings is None:
             audited = await trail.position() or {0: 1}
         else:
-            audited = await committed_offsets(settings, settings.audit_group)
-        async with reader_of(db, settings, start="beginning") as fresh:
+            audited = await committed_offsets(source.settings, source.settings.audit_group)
+        async with source.reader(start="beginning") as fresh:
             result = await verify_trail(trail, fresh, audited, **filters)
             return result, fresh.source
 

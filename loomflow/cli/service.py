@@ -11,7 +11,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from loomflow.cli import _settings, add_loglevel
+from loomflow.cli.options import add_loglevel
+from loomflow.cli.stores import read_settings
 
 if TYPE_CHECKING:
     from loomflow.settings import Settings
@@ -62,7 +63,7 @@ def _processor(args: argparse.Namespace) -> int:
 
     from loomflow.errors import StoreError
 
-    settings = _settings()
+    settings = read_settings()
     if settings is None:
         return 2
     # the topics exist, with the log's configuration, before faust's agents subscribe; with
@@ -103,7 +104,7 @@ def _rebuild(args: argparse.Namespace) -> int:
     from loomflow.processors.rebuild import rebuild
 
     schema: str = args.schema
-    settings = _settings()
+    settings = read_settings()
     if settings is None:
         return 2
     console = Console()
@@ -140,7 +141,7 @@ def _setup(args: argparse.Namespace) -> int:
     from loomflow.runtime import KafkaRuntime, PostgresRuntime, Runtime
 
     postgres_only: bool = args.postgres_only
-    settings = _settings()
+    settings = read_settings()
     if settings is None:
         return 2
     runtime: Runtime = (

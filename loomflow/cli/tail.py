@@ -9,13 +9,8 @@ import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli._log import (
-    add_db_option,
-    quiet_kafka,
-    reader_of,
-    settings_unless_db,
-    user_of,
-)
+from loomflow.cli.options import add_db_option, user_of
+from loomflow.cli.stores import Source, quiet_kafka
 
 if TYPE_CHECKING:
     from loomflow.log.reader import LogRecord
@@ -54,13 +49,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def _tail(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
-    usable, settings = settings_unless_db(args.db)
-    if not usable:
+    source = Source.of(args.db)
+    if source is None:
         return 2
     quiet_kafka()
     start = "beginning" if args.from_beginning else "end"
     try:
-        asyncio.run(_follow(args, settings, start))
+        asyncio.run(_follow(args, source, start))
     except LoomflowError as exc:
         print(f"loomflow tail: {exc}", file=sys.stderr)
         return 1
@@ -71,13 +66,13 @@ def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _follow(args: argparse.Namespace, settings: Any, start: Any) -> None:
+async def _follow(args: argparse.Namespace, source: Source, start: Any) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     wanted = _Filter(args.session, args.user, args.type)
-    async with reader_of(args.db, settings, start=start) as reader:
+    async with source.reader(start=start) as reader:
         print(f"following {reader.source}; Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.is_set():
             # one poll may bring several partitions' records: show them in time order

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from loomflow.agent.worker import Budget, Worker
-from loomflow.cli._log import quiet_kafka
+from loomflow.cli.stores import quiet_kafka
 
 if TYPE_CHECKING:
     from loomflow.agent import Agent

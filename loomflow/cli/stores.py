@@ -1,0 +1,203 @@
+"""Where a command's log is, and the one place the commands open it from.
+
+A :class:`Source` is built once from a command's arguments: ``--db PATH`` names an
+embedded log (the SQLite file a ``SqliteRuntime`` writes, its read model in the same
+file); without it, the Kafka topic and PostgreSQL schema the ``LOOMFLOW_*`` settings name
+(``--dsn`` and ``--schema`` override theirs), as ``loomflow processor`` reads them. From it
+come the runtime over the store, the reader of the log, the audit trail and the analytics
+tables. Nothing opens, and nothing heavy loads, before a command asks.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from loomflow.cli.options import Refused
+
+if TYPE_CHECKING:
+    from loomflow.analytics.tally import Stats
+    from loomflow.log.reader import LogReader
+    from loomflow.projections.audit import Trail
+    from loomflow.runtime import Runtime
+    from loomflow.settings import Settings
+
+__all__ = ["Access", "Source", "quiet_kafka", "read_settings"]
+
+#: what a command does to the store: reads it, writes into it, or appends through the
+#: Kafka log that `loomflow processor` folds into it
+Access = Literal["read", "write", "kafka"]
+
+
+def read_settings() -> Settings | None:
+    """The LOOMFLOW_* settings, or None after printing why they do not validate."""
+    from pydantic import ValidationError
+
+    from loomflow.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        print(f"loomflow: invalid LOOMFLOW_* setting: {exc}", file=sys.stderr)
+        return None
+
+
+def quiet_kafka() -> None:
+    """Keep aiokafka's own log lines (a reconnect, a missing topic) out of a one-shot
+    command's output: the command says what went wrong itself, once."""
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+
+
+@dataclass(frozen=True)
+class Source:
+    """The log of a command: the embedded log ``db``, or (``db`` None) the Kafka topic
+    and PostgreSQL read model of ``settings``. Exactly one of them is set."""
+
+    db: Path | None = None
+    settings: Settings | None = None
+
+    def __post_init__(self) -> None:
+        if (self.db is None) == (self.settings is None):
+            raise ValueError("a Source is an embedded log or the settings of the scaled path")
+
+    @classmethod
+    def of(
+        cls, db: Path | None, *, dsn: str | None = None, schema: str | None = None
+    ) -> Source | None:
+        """The embedded log ``db``, or the LOOMFLOW_* settings with ``--dsn`` and
+        ``--schema`` over theirs; None after printing why those settings do not validate.
+        Raises :class:`Refused` for ``--schema`` with ``--db``, or a bad ``--dsn`` or
+        ``--schema``."""
+        if db is not None:
+            if schema is not None:
+                raise Refused("--schema goes with a PostgreSQL read model, not with --db", 2)
+            return cls(db=db)
+        from pydantic import ValidationError
+
+        from loomflow.settings import Settings
+
+        environment = read_settings()
+        if environment is None:
+            return None
+        try:
+            settings = Settings.resolve(environment, postgres_dsn=dsn, db_schema=schema)
+        except ValidationError as exc:
+            problems = "; ".join(str(e["msg"]) for e in exc.errors())
+            raise Refused(f"invalid --dsn or --schema: {problems}", 2) from None
+        return cls(settings=settings)
+
+    @property
+    def _scaled(self) -> Settings:
+        assert self.settings is not None, "an embedded log has no settings"
+        return self.settings
+
+    @asynccontextmanager
+    async def runtime(self, access: Access = "read") -> AsyncIterator[Runtime]:
+        """The runtime over the store, open: ``read`` and ``write`` never create a missing
+        SQLite file or schema, ``kafka`` is a ``KafkaRuntime`` of the settings. Refused
+        (:class:`Refused`): ``write`` into a read model a Kafka log feeds, ``kafka`` with
+        an embedded log."""
+        async with self._runtime(access) as runtime:
+            if access == "write" and self.db is None:
+                await _refuse_kafka_read_model(runtime)
+            yield runtime
+
+    def _runtime(self, access: Access) -> Runtime:
+        if self.db is not None:
+            if access == "kafka":
+                raise Refused("--kafka goes with a PostgreSQL read model, not with --db", 2)
+            from loomflow.runtime import Runtime, SqliteStore
+
+            return Runtime(SqliteStore(self.db, create=False))
+        if access == "kafka":
+            from loomflow.runtime import KafkaRuntime
+
+            return KafkaRuntime(settings=self._scaled)
+        from loomflow.runtime import PostgresStore, Runtime
+
+        return Runtime(PostgresStore.from_settings(self._scaled, max_size=2, create=False))
+
+    def reader(
+        self,
+        *,
+        group: str | None = None,
+        start: Literal["beginning", "end", "committed"] | dict[int, int] = "beginning",
+    ) -> LogReader:
+        """The reader of the log, not open yet: of the embedded log from a position
+        (``{0: next}``), or of the Kafka topic in ``group`` (None: in no group)."""
+        from loomflow.log.reader import kafka_reader, sqlite_reader
+
+        if self.db is not None:
+            if start == "committed":
+                raise ValueError("an embedded log keeps no group positions")
+            return sqlite_reader(self.db, start=start)
+        if isinstance(start, dict):
+            raise ValueError("a Kafka reader starts at its group's offsets")
+        return kafka_reader(self._scaled, group=group, start=start)
+
+    def trail(self, path: Path | None = None, *, create: bool = True) -> Trail:
+        """The audit trail, not open yet: of an embedded log, the file ``path`` (default:
+        beside the log), which ``create=False`` only opens when it exists; at scale, the
+        trail in the settings' PostgreSQL schema."""
+        from loomflow.projections.audit import PostgresTrail, SqliteTrail, default_trail_path
+        from loomflow.runtime.postgres import PostgresStore
+
+        if self.db is not None:
+            return SqliteTrail(path or default_trail_path(self.db), create=create)
+        settings = self._scaled
+        store = PostgresStore.from_settings(settings, max_size=2)
+        where = f"audit trail in PostgreSQL schema {settings.db_schema}"
+        return PostgresTrail(store._call, where, on_close=store.close)
+
+    def stats(self, stats_db: Path | None, *, warn: Callable[[str], None]) -> Stats:
+        """Every hour of the analytics tables: an embedded log's (in ``stats_db``, default
+        beside it), brought up to date with the log first, or the Kafka tables `loomflow
+        analytics` keeps. ``warn`` is told what they leave uncounted."""
+        import asyncio
+
+        if self.db is not None:
+            from loomflow.analytics import embedded
+
+            progress = asyncio.run(embedded.update(self.db, stats_db))
+            if progress.skipped:
+                warn(
+                    f"{progress.skipped} of {progress.records} new log records were not "
+                    "counted (see the warnings above)"
+                )
+            path = stats_db or embedded.stats_path(self.db)
+            return embedded.load(path, source=f"journal {self.db}")
+        from loomflow.analytics.app import lag, read_stats
+
+        settings = self._scaled
+        stats = asyncio.run(read_stats(settings))
+        behind = asyncio.run(lag(settings))
+        if behind:
+            warn(
+                f"group {settings.analytics_group} has {behind} records of "
+                f"{settings.events_topic} left to count"
+            )
+        return stats
+
+
+async def _refuse_kafka_read_model(runtime: Runtime) -> None:
+    """Refuse to write into a read model that a Kafka log feeds: what is not in the log
+    is lost to a rebuild, and the projector would then refuse the session's later events."""
+    from loomflow.runtime import PostgresStore
+
+    store = runtime.store
+    if not isinstance(store, PostgresStore):
+        return
+    consumers = await store.consumed_topics()
+    if consumers:
+        groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in consumers}))
+        raise Refused(
+            f"schema {store.schema!r} is the read model of a Kafka log (positions of "
+            f"{groups}): pass --kafka so this goes through the log",
+            2,
+        )
