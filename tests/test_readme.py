@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -26,7 +28,7 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from loomflow.runtime import KafkaRuntime, Scope
 from loomflow.settings import Settings
 from tests.support.backends import drop_environment
-from tests.support.readme import readme_block
+from tests.support.readme import README, readme_block
 from tests.support.services import kafka_bootstrap, postgres_dsn
 from tests.support.waiting import eventually
 
@@ -146,4 +148,20 @@ async def test_the_readme_kafka_quickstart_runs_against_a_default_processor(
         assert len(await runtime.list_checkpoints(Scope(session))) == 2
         forked = await runtime.store.session(Scope(fork_session))
         assert forked is not None and forked.parent_session_id == session
+
+    # the README's `loomflow sessions ls --all-users` "with no option" lists what it projected
+    (listing,) = re.findall(r"`(loomflow sessions ls[^`]*)` with no option", README)
+    command = shlex.split(listing)
+    assert command == ["loomflow", "sessions", "ls", "--all-users"]
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
+        env=dict(user_env(), NO_COLOR="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    listed = re.findall(r"^(sess[0-9a-z]{26}) ", done.stdout, flags=re.M)
+    assert sorted(listed) == sorted([session, fork_session]), done.stdout
     assert processor.poll() is None, "the processor died"
