@@ -8,6 +8,10 @@ grow; a consumer's position given back resumes right after what it handled; a re
 that does not decode is returned with its reason, never raised; ``drain`` ends once the
 reader caught up with the log as it was; and what ``erase`` and ``prune`` leave for a
 reader that had passed the session's records, and for one that reads the log anew.
+
+A log is what a subclass gives as the fixture ``log``: a :class:`ReadableLog`, or an
+:class:`AuditedLog` (one the audit also reads) for the trail suite,
+:mod:`loomflow.testing.trail`.
 """
 
 from __future__ import annotations
