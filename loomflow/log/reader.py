@@ -288,13 +288,15 @@ def kafka_reader(
     settings: Settings | None = None,
     *,
     group: str | None,
-    start: Literal["committed", "beginning", "end"] = "committed",
+    start: Literal["committed", "beginning", "end"] | dict[int, int] = "committed",
 ) -> LogReader:
     """A reader of the events topic the settings name.
 
     With a ``group`` it joins that consumer group and starts at the group's committed
     offsets (the beginning when it has none); ``commit()`` moves them. With no group it
-    reads every partition from the ``beginning`` or the ``end``.
+    reads every partition from the ``beginning``, the ``end``, or the positions its
+    consumer kept (partition -> next offset, as ``next_positions()`` gave them; a
+    partition not named from its beginning).
     """
     from loomflow.settings import Settings
 
@@ -308,7 +310,10 @@ def kafka_reader(
 
 class _KafkaReader(LogReader):
     def __init__(
-        self, settings: Settings, group: str | None, start: Literal["committed", "beginning", "end"]
+        self,
+        settings: Settings,
+        group: str | None,
+        start: Literal["committed", "beginning", "end"] | dict[int, int],
     ) -> None:
         self.settings = settings
         self.group = group
@@ -350,6 +355,13 @@ class _KafkaReader(LogReader):
             await consumer.seek_to_end(*tps)
         else:
             await consumer.seek_to_beginning(*tps)
+        if isinstance(self._start, dict):
+            for tp in tps:
+                if tp.partition in self._start:
+                    consumer.seek(tp, self._start[tp.partition])
+        # where it starts is its position too: a consumer that keeps it and gives it back
+        # before this reader read anything must not start again from the beginning
+        self._next = {tp.partition: await consumer.position(tp) for tp in tps}
 
     async def _partitions(self) -> list[int]:
         assert self._consumer is not None

@@ -1,11 +1,14 @@
-"""Conformance suites for event stores and runtimes, to run against your own.
+"""Conformance suites for event stores, runtimes and the log's consumers, to run against
+your own.
 
 A store or runtime written outside loomflow proves itself with the assertions that
-loomflow's own four runtimes (in-process, SQLite, PostgreSQL, Kafka) pass. Install with
+loomflow's own four runtimes (in-process, SQLite, PostgreSQL, Kafka) pass; a reader of
+a log, or an audit trail, with those its SQLite and Kafka readers and its SQLite and
+PostgreSQL trails pass. Install with
 ``pip install 'loomflow-durable[testing]'`` (pytest and pytest-asyncio); ``import
 loomflow`` never imports this package.
 
-Two pytest base classes. Subclass each in a test module and define one fixture: a
+Four pytest base classes. Subclass the first two in a test module and define one fixture: a
 factory that opens a new store or runtime on the test's storage each time it is called.
 Every store or runtime it returns must see what the earlier ones wrote (as a process
 that reopens a file or reconnects to a server does); the suite opens several per test
@@ -40,6 +43,19 @@ and closes each one itself::
   ``prompt=None``, forks (also under a ``user_id``), listing, retention (20 by default),
   prune, erase, the journal with and without checkpoints, writes that fail or land in
   doubt, and a fenced stale writer.
+- :class:`LogReaderConformance` reads the log its fixture ``log`` holds (a
+  :class:`ReadableLog`: a store that writes to it, readers of it from a :data:`Start`, a
+  record that does not decode): every record once, in log order, with positions; a
+  position given back (or committed) resumes right after what was read; a record that
+  does not decode returned with its reason; ``drain``; what ``erase`` and ``prune``
+  leave. The log's class attributes say what differs: ``deletes_records`` (an embedded
+  log; False for one that keeps every record, as Kafka's) and ``starts_at_end``.
+- :class:`AuditTrailConformance` audits a log (fixture ``log``, an :class:`AuditedLog`:
+  by default a :class:`SqliteLog` in ``tmp_path``) into the trails of its fixture
+  ``open_trail``, and changes them behind their back through its fixture ``tamper`` (a
+  :class:`TrailTampering`): a trail is its log's chain and verifies; auditing again adds
+  nothing; entries deleted, inserted, reordered or altered are found and named; erasure
+  and prune read as what they are; what cannot be chained is kept among the rejects.
 
 A fixture may be an async generator that starts a server before it yields and stops it
 after; under pytest-asyncio's strict mode, declare it with ``@pytest_asyncio.fixture``.
@@ -74,16 +90,34 @@ pytest.register_assert_rewrite(
     "loomflow.testing.retention",
     "loomflow.testing.signals",
     "loomflow.testing.keywords",
+    "loomflow.testing.log",
+    "loomflow.testing.sqlite_log",
+    "loomflow.testing.trail",
 )
 
 from loomflow.testing._support import RuntimeFactory, StoreFactory  # noqa: E402
+from loomflow.testing.log import (  # noqa: E402
+    AuditedLog,
+    LogReaderConformance,
+    ReadableLog,
+    Start,
+)
 from loomflow.testing.runtime import RuntimeConformance  # noqa: E402
+from loomflow.testing.sqlite_log import SqliteLog  # noqa: E402
 from loomflow.testing.store import SessionLog, StoreConformance  # noqa: E402
+from loomflow.testing.trail import AuditTrailConformance, TrailTampering  # noqa: E402
 
 __all__ = [
+    "AuditTrailConformance",
+    "AuditedLog",
+    "LogReaderConformance",
+    "ReadableLog",
     "RuntimeConformance",
     "RuntimeFactory",
     "SessionLog",
+    "SqliteLog",
+    "Start",
     "StoreConformance",
     "StoreFactory",
+    "TrailTampering",
 ]

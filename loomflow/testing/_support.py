@@ -89,14 +89,15 @@ def follower(runtime: Runtime, reply: str = "ok") -> Agent:
     )
 
 
-def required_fixture(name: str, makes: str) -> Any:
-    """The factory fixture ``name`` a subclass must define; without it, every test of the
-    class errors saying so."""
+def required_fixture(name: str, makes: str, *, factory: bool = True) -> Any:
+    """The fixture ``name`` a subclass must define (a factory of ``makes``, or with
+    ``factory=False`` a ``makes`` itself); without it, every test of the class errors
+    saying so."""
+    what = f"a callable returning a new {makes}" if factory else f"a {makes}"
 
     def missing(self: object) -> NoReturn:
         raise NotImplementedError(
-            f"{type(self).__name__} must define the fixture {name}: a callable returning "
-            f"a new {makes} on the test's storage"
+            f"{type(self).__name__} must define the fixture {name}: {what} on the test's storage"
         )
 
     return pytest.fixture(missing, name=name)

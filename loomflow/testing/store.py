@@ -148,6 +148,14 @@ class SessionLog:
         payload = RunFinishedPayload(output="done", turns=self.turns, usage=self.usage)
         return RunFinished(payload=payload, **self._envelope(None, None))
 
+    def run(self, turns: int) -> list[Event]:
+        """A run's events: its claim, then per turn a question, a journal step and a
+        checkpoint (what the log suites read and audit)."""
+        events: list[Event] = [self.claim()]
+        for k in range(turns):
+            events += [self.turn(f"q{k}"), self.step(f"fetch-{k}", k), self.checkpoint()]
+        return events
+
 
 def _answer(text: str) -> Usage:
     return Usage(input_tokens=10 * len(text), output_tokens=len(text), cost_usd=0.001)

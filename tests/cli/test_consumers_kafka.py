@@ -132,16 +132,11 @@ async def test_verify_finds_tampering_in_postgres_and_accepts_erasure(env: Kafka
     code, out = await _loomflow(env, "audit", "verify")
     assert code == 0 and "verified 2 sessions" in out and "erased" in out, out
 
+    # what erasure leaves in the trail, and each tampering found, is the trail suite's
+    # (tests/audit/test_conformance.py); here, what the commands say of them
     conn = await asyncpg.connect(env.dsn)
     try:
         trail = f'"{env.schema}".audit_entries'
-        # erased content left the trail; the hashes stayed
-        bodies = await conn.fetch(
-            f"SELECT n, body IS NULL AS gone, type FROM {trail} WHERE session_id = 'gone' "
-            "ORDER BY n"
-        )
-        assert [r["gone"] for r in bodies] == [True] * (len(bodies) - 1) + [False]
-        assert bodies[-1]["type"] == "session.erased"
         await conn.execute(f"DELETE FROM {trail} WHERE session_id = 'kept' AND n = 3")
     finally:
         await conn.close()
@@ -150,13 +145,15 @@ async def test_verify_finds_tampering_in_postgres_and_accepts_erasure(env: Kafka
     assert re.search(r"deleted in session kept \(user -\) at entry 4", out), out
 
 
-async def test_audit_keeps_records_it_cannot_chain_and_goes_on(env: KafkaEnv) -> None:
+async def test_audit_keeps_a_record_filed_under_another_scope_and_goes_on(env: KafkaEnv) -> None:
+    """A record the audit cannot chain is kept among the rejects in any trail (the trail
+    suite, tests/audit/test_conformance.py); one whose key is not its event's scope
+    happens only on a topic."""
     producer = EventProducer(env.bootstrap, env.topics)
     good = session_events("s1", passes=1, user="alice")
     forged = good[1].model_copy(update={"user_id": "mallory"})
     try:
         await producer.send(good[:1])
-        await producer.send_raw(env.topics.events, b"{not json", key=scope_key("alice", "s1"))
         # mallory's event, filed under alice's session key
         await producer.send_raw(
             env.topics.events, forged.model_dump_json().encode(), key=scope_key("alice", "s1")
@@ -166,7 +163,7 @@ async def test_audit_keeps_records_it_cannot_chain_and_goes_on(env: KafkaEnv) ->
         await producer.stop()
     code, out = await _loomflow(env, "audit")
     assert code == 0, out
-    assert f"audited {len(good) + 2} new records" in out and "2 rejected" in out, out
+    assert f"audited {len(good) + 1} new records" in out and "1 rejected" in out, out
     conn = await asyncpg.connect(env.dsn)
     try:
         reasons = [
@@ -174,7 +171,7 @@ async def test_audit_keeps_records_it_cannot_chain_and_goes_on(env: KafkaEnv) ->
         ]
     finally:
         await conn.close()
-    assert any("Invalid JSON" in r for r in reasons) and any("not the scope" in r for r in reasons)
+    assert len(reasons) == 1 and "not the scope" in reasons[0], reasons
     code, out = await _loomflow(env, "audit", "verify", "--user", "alice")
     assert code == 0 and "verified 1 session," in out, out
 

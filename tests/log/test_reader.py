@@ -1,4 +1,6 @@
-"""The log reader over an embedded log: order, positions, prune notes, bad rows."""
+"""What only the reader of an embedded log has to prove: prune notes as rows, bad rows,
+positions no row holds, files and migrations. Order, positions, resuming, drain, erase
+and prune are loomflow.testing's reader suite, run in test_conformance.py."""
 
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from loomflow.log.reader import (
     sqlite_reader,
 )
 from loomflow.projections import sqlite as sql
-from loomflow.runtime import SqliteRuntime
+from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import RunStarted
+from loomflow.testing import SqliteLog
 from tests.support.scenario import Research
 
 
@@ -41,39 +44,6 @@ async def _all(db: Path) -> list[tuple[str, str, int]]:
                 session = r.event.session_id if r.event else r.note.session_id if r.note else "?"
                 out.append((kind, session, r.offset))
     return out
-
-
-async def test_positions_only_grow_even_when_the_newest_rows_are_erased(tmp_path: Path) -> None:
-    db = tmp_path / "journal.db"
-    await _run(db, "a")
-    await _run(db, "b")
-    before = await _all(db)
-    assert [o for *_, o in before] == sorted(o for *_, o in before)
-    runtime = SqliteRuntime(db)
-    try:
-        assert await runtime.store.erase("b")  # b's rows are the newest ones
-    finally:
-        await runtime.close()
-    async with sqlite_reader(db, start={0: before[-1][2] + 1}) as reader:
-        (tombstone,) = [r async for batch in drain(reader) for r in batch]
-    # a reader that had passed b's rows still sees the erasure
-    assert tombstone.event is not None and tombstone.event.type == "session.erased"
-    assert tombstone.offset > before[-1][2]
-
-
-async def test_prune_leaves_a_note_in_log_order(tmp_path: Path) -> None:
-    db = tmp_path / "journal.db"
-    await _run(db, "a")
-    runtime = SqliteRuntime(db)
-    try:
-        await runtime.store.prune(session_id="a")
-    finally:
-        await runtime.close()
-    await _run(db, "b")
-    records = await _all(db)
-    kinds = [k for k, s, _ in records]
-    assert kinds[0] == "note" and records[0][1] == "a"
-    assert kinds[1] == "run.started" and {s for _, s, _ in records[1:]} == {"b"}
 
 
 _NOTE = (7, "", "s", "[1, 2]", 3, "2026-01-01T00:00:00+00:00")  # as prune writes it
@@ -113,15 +83,15 @@ def test_a_note_holding_what_prune_never_writes_does_not_decode(column: int, val
     assert record.error and record.error.startswith("prune note 7 does not decode")
 
 
-async def test_start_at_the_end_reads_only_what_comes_after(tmp_path: Path) -> None:
-    db = tmp_path / "journal.db"
-    await _run(db, "a")
-    async with sqlite_reader(db, start="end") as reader:
-        assert await reader.at_end()
-        assert await reader.read(wait=0.05) == []
-        await _run(db, "b")
-        later = [r async for batch in drain(reader) for r in batch]
-    assert later and {r.event.session_id for r in later if r.event} == {"b"}
+async def test_a_row_of_an_unknown_type_is_returned_with_a_reason_naming_it(
+    tmp_path: Path,
+) -> None:
+    log = SqliteLog(tmp_path / "journal.db")
+    await _run(log.path, "a")
+    await log.write_undecodable(Scope("a"))
+    async with sqlite_reader(log.path) as reader:
+        (bad,) = [r async for batch in drain(reader) for r in batch if r.event is None]
+    assert bad.error is not None and "no.such.type" in bad.error, bad.error
 
 
 async def test_a_position_no_row_holds_does_not_keep_a_reader_waiting(tmp_path: Path) -> None:

@@ -1,0 +1,349 @@
+"""The audit-trail conformance suite: what every :class:`loomflow.projections.audit.Trail`
+keeps of a log, driven as ``loomflow audit`` drives it (:class:`~loomflow.audit.Auditor`,
+then :func:`~loomflow.audit.verify_trail`).
+
+A trail built from a log verifies, hash for hash the chain of that log; auditing again
+adds nothing; an entry deleted from the trail, inserted into it, moved or altered in it
+is found and named, and nothing else is; an erasure or a prune reads as what it is, not
+as tampering; a record the audit cannot chain is kept among the rejects, and the audit
+goes on. The tampering is done behind the trail's back, on its storage
+(:class:`TrailTampering`), as someone who can write to it would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomflow.audit import Auditor, Verification, verify_trail
+from loomflow.audit.auditor import Audited, link_of
+from loomflow.projections.audit import Reject, Trail
+from loomflow.projections.chain import GENESIS, Entry, Finding, ScopeKey, chain, entry_hash
+from loomflow.runtime import EventStore, Scope
+from loomflow.schemas import Event
+from loomflow.testing._support import Opened, commit, opened_fixture, required_fixture
+from loomflow.testing.log import AuditedLog, LogSuite, read_all
+from loomflow.testing.sqlite_log import SqliteLog
+from loomflow.testing.store import SessionLog
+
+__all__ = ["AuditTrailConformance", "Auditing", "TrailTampering"]
+
+
+class TrailTampering(ABC):
+    """Changes to a trail's storage behind its back. Each changes exactly one stored
+    entry of the session (``user_id``, ``session_id``) and fails when it changed none."""
+
+    @abstractmethod
+    async def delete(self, user_id: str | None, session_id: str, n: int) -> None:
+        """Delete entry ``n``."""
+
+    @abstractmethod
+    async def update(self, user_id: str | None, session_id: str, n: int, /, **columns: Any) -> None:
+        """Set fields of entry ``n`` as stored (named as :class:`Entry`'s: ``n``,
+        ``body`` as bytes, ``digest``, ``prev``, ``hash``)."""
+
+    @abstractmethod
+    async def insert(self, entry: Entry) -> None:
+        """Store an entry the audit never wrote."""
+
+
+def _flipped(text: str) -> str:
+    """``text`` with its first hex digit changed (always changed, whatever it was)."""
+    return ("e" if text[0] == "f" else "f") + text[1:]
+
+
+class Auditing:
+    """``loomflow audit`` and ``loomflow audit verify`` of one log, each in a trail of its
+    own opened anew, as each command opens one."""
+
+    def __init__(self, log: AuditedLog, trails: Opened[Trail]) -> None:
+        self.log = log
+        self.trails = trails
+
+    @asynccontextmanager
+    async def trail(self) -> AsyncIterator[Trail]:
+        trail = self.trails()
+        try:
+            yield trail
+        finally:
+            await trail.close()
+
+    async def __call__(self) -> Audited:
+        """One audit: the log read from where the audit left off."""
+        async with self.trail() as trail, await self.log.audit_reader(trail) as reader:
+            return await Auditor(reader, trail).catch_up()
+
+    async def again(self) -> Audited:
+        """One audit that reads every record again (a crash between the trail's commit
+        and the reader's)."""
+        async with self.trail() as trail, self.log.reader("beginning") as reader:
+            return await Auditor(reader, trail).catch_up()
+
+    async def verify(self, **filters: Any) -> Verification:
+        """One verification: the trail against the log read again."""
+        async with self.trail() as trail, self.log.fresh_reader() as fresh:
+            return await verify_trail(trail, fresh, await self.log.audited(trail), **filters)
+
+    async def audited(self) -> dict[int, int]:
+        """How far the audit got, as verification is told."""
+        async with self.trail() as trail:
+            return await self.log.audited(trail)
+
+    async def entries(self, user_id: str | None, session_id: str) -> list[Entry]:
+        async with self.trail() as trail:
+            return await trail.entries(user_id, session_id)
+
+    async def rejects(self) -> list[Reject]:
+        async with self.trail() as trail:
+            return await trail.rejects()
+
+    async def two_sessions(self, store: EventStore) -> None:
+        """s1 (10 records, no user) and s2 (7, alice's), audited."""
+        for events in (SessionLog("s1").run(3), SessionLog("s2", "alice").run(2)):
+            await commit(store, events)
+        done = await self()
+        assert (done.entries, done.rejected) == (17, 0)
+
+    async def s1_findings(self) -> list[Finding]:
+        """What verification finds in s1; in s2, left alone, it finds nothing."""
+        result = await self.verify()
+        checks = {(c.user_id, c.session_id): c for c in result.sessions}
+        assert checks[("alice", "s2")].findings == []
+        return checks[(None, "s1")].findings
+
+
+class AuditTrailConformance(LogSuite):
+    """Subclass in a test module and define the fixtures ``open_trail`` (a callable that
+    returns a new trail on the test's storage, each seeing what the earlier ones wrote)
+    and ``tamper`` (a :class:`TrailTampering` of that storage).
+
+    The log audited is the fixture ``log``, an :class:`~loomflow.testing.AuditedLog`: by
+    default an embedded log in the test's ``tmp_path`` (:class:`~loomflow.testing.SqliteLog`,
+    whose audit resumes at the position the trail keeps); a trail that keeps none (the
+    audit's consumer group keeps it) is tested on a log with consumer groups instead.
+    """
+
+    factory = "open_trail"
+    open_trail = required_fixture("open_trail", "Trail")
+    new_trail = opened_fixture("new_trail")
+    tamper = required_fixture("tamper", "TrailTampering", factory=False)
+
+    @pytest.fixture
+    def log(self, tmp_path: Path) -> AuditedLog:
+        return SqliteLog(tmp_path / "journal.db")
+
+    @pytest.fixture
+    def audit(self, log: AuditedLog, new_trail: Opened[Trail]) -> Auditing:
+        return Auditing(log, new_trail)
+
+    # --- a trail as the audit builds it -------------------------------------------
+
+    async def test_a_trail_built_from_a_log_is_its_chain_and_verifies(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        written: list[Event] = SessionLog("s1").run(3) + SessionLog("s2", "alice").run(2)
+        await commit(store, written)
+        done = await audit()
+        assert (done.records, done.entries, done.rejected) == (17, 17, 0)
+        assert done.sessions == {(None, "s1"), ("alice", "s2")}
+
+        # entry for entry the chain of the log read again, whoever builds it
+        async with log.fresh_reader() as fresh:
+            records = await read_all(fresh)
+        links = [link_of(r) for r in records]
+        # and it got as far as the log goes, in every partition that holds records
+        assert await audit.audited() == {r.partition: r.offset + 1 for r in records}
+        expected: dict[ScopeKey, list[Entry]] = defaultdict(list)
+        for entry in chain([link for link in links if link is not None], {}).entries:
+            expected[entry.scope].append(entry)
+        for scope, entries in expected.items():
+            stored = await audit.entries(*scope)
+            assert stored == entries
+            assert [e.n for e in stored] == list(range(1, len(entries) + 1))
+            assert stored[0].prev == GENESIS
+            assert all(e.prev == before.hash for before, e in itertools.pairwise(stored))
+
+        result = await audit.verify()
+        assert (result.problems, result.unaudited) == (0, 0)
+        assert [(c.user_id, c.session_id, c.entries) for c in result.sessions] == [
+            (None, "s1", 10),
+            ("alice", "s2", 7),
+        ]
+        assert not any(c.erased or c.pruned for c in result.sessions)
+        alices = await audit.verify(user_id="alice")
+        assert [c.session_id for c in alices.sessions] == ["s2"]
+        nobodys = await audit.verify(user_id=None)
+        assert [c.session_id for c in nobodys.sessions] == ["s1"]
+        one = await audit.verify(session_id="s2")
+        assert [(c.user_id, c.entries) for c in one.sessions] == [("alice", 7)]
+
+    async def test_auditing_again_adds_nothing(self, store: EventStore, audit: Auditing) -> None:
+        s1 = SessionLog("s1")
+        await commit(store, s1.run(2))
+        assert (await audit()).entries == 7
+        before = await audit.entries(None, "s1")
+        again = await audit()
+        assert (again.entries, again.rejected) == (0, 0)
+        redelivered = await audit.again()
+        assert (redelivered.records, redelivered.entries, redelivered.rejected) == (7, 0, 0)
+        assert await audit.entries(None, "s1") == before
+
+        await commit(store, [s1.turn("later"), s1.finish()])  # what is new, only that
+        later = await audit()
+        assert (later.entries, later.rejected) == (2, 0)
+        after = await audit.entries(None, "s1")
+        assert after[:7] == before and [e.n for e in after[7:]] == [8, 9]
+        assert after[7].prev == before[-1].hash
+        assert (await audit.verify()).problems == 0
+
+    async def test_records_the_audit_has_not_reached_are_unaudited_not_missing(
+        self, store: EventStore, audit: Auditing
+    ) -> None:
+        s1 = SessionLog("s1")
+        await commit(store, s1.run(2))
+        await audit()
+        await commit(store, [s1.turn("later"), s1.finish(), *SessionLog("s2").run(1)])
+        result = await audit.verify()
+        assert (result.problems, result.unaudited) == (0, 6)
+        assert [(c.session_id, c.entries) for c in result.sessions] == [("s1", 7)]
+
+    # --- tampering, found and named -----------------------------------------------
+
+    async def test_an_entry_deleted_from_the_trail_is_found(
+        self, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        await tamper.delete(None, "s1", 4)
+        found = await audit.s1_findings()
+        assert "deleted" in {f.kind for f in found}, found
+        assert min(f.n for f in found if f.n is not None) == 5, found  # where it breaks
+
+    async def test_the_last_entry_deleted_from_the_trail_is_found(
+        self, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        await tamper.delete(None, "s1", 10)  # no later entry's link breaks
+        found = await audit.s1_findings()
+        assert [f.kind for f in found] == ["deleted"], found
+        assert "deleted from the trail" in found[0].detail
+
+    async def test_an_entry_inserted_into_the_trail_is_found(
+        self, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        last = (await audit.entries(None, "s1"))[-1]
+        # a forged entry at the end, hashed as real ones are: the chain holds, the log
+        # has no such record
+        body = b'{"type":"turn.appended","forged":true}'
+        digest = hashlib.sha256(body).hexdigest()
+        n = last.n + 1
+        forged = Entry(
+            None,
+            "s1",
+            n,
+            "999",
+            "evt_forged",
+            99,
+            "turn.appended",
+            datetime.now(UTC),
+            digest,
+            body,
+            last.hash,
+            entry_hash(last.hash, n, digest),
+        )
+        await tamper.insert(forged)
+        found = await audit.s1_findings()
+        assert [(f.kind, f.n) for f in found] == [("inserted", n)], found
+
+    async def test_entries_reordered_in_the_trail_are_found(
+        self, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        # entries 3 and 4 swap places (n is the key: one steps aside first)
+        await tamper.update(None, "s1", 3, n=-1)
+        await tamper.update(None, "s1", 4, n=3)
+        await tamper.update(None, "s1", -1, n=4)
+        found = await audit.s1_findings()
+        assert "reordered" in {f.kind for f in found}, found
+        assert min(f.n for f in found if f.n is not None) == 3, found
+
+    @pytest.mark.parametrize("rewritten", ["body", "hash", "body and digest"])
+    async def test_an_entry_altered_in_the_trail_is_one_finding(
+        self, store: EventStore, audit: Auditing, tamper: TrailTampering, rewritten: str
+    ) -> None:
+        await audit.two_sessions(store)
+        third = (await audit.entries(None, "s1"))[2]
+        body = b'{"altered":true}'
+        rewrites: dict[str, dict[str, Any]] = {
+            "body": {"body": body},
+            "hash": {"hash": _flipped(third.hash)},
+            # content and digest rewritten together, the hash left as it was
+            "body and digest": {"body": body, "digest": hashlib.sha256(body).hexdigest()},
+        }
+        await tamper.update(None, "s1", 3, **rewrites[rewritten])
+        found = await audit.s1_findings()
+        assert [(f.kind, f.n) for f in found] == [("altered", 3)], found
+        assert "does not match its hash" in found[0].detail
+
+    # --- what the log lost on purpose -----------------------------------------------
+
+    async def test_erasure_and_prune_read_as_what_they_are(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        for events in (SessionLog(s).run(2) for s in ("kept", "old")):
+            await commit(store, events)
+        await commit(store, SessionLog("gone", "alice").run(2))
+        await audit()
+        assert await store.erase("gone", user_id="alice")
+        assert (await store.prune(session_id="old")).sessions == 1
+        if log.deletes_records:
+            # the pruned id is free again in a log that deleted it: its chain goes on
+            await commit(store, SessionLog("old").run(1))
+        await audit()
+
+        result = await audit.verify()
+        assert result.problems == 0, result
+        checks = {c.session_id: c for c in result.sessions}
+        assert checks["gone"].erased and not checks["kept"].erased
+        assert not checks["kept"].pruned and checks["kept"].entries == 7
+        gone = await audit.entries("alice", "gone")
+        # the erased records' content left the trail with the log; their hashes stayed
+        assert gone[-1].type == "session.erased" and gone[-1].body is not None
+        assert all(e.body is None for e in gone[:-1]) and len(gone) == 8
+        assert all(e.hash and e.digest for e in gone)
+        old = await audit.entries(None, "old")
+        if log.deletes_records:  # a note of what prune deleted, then the new run
+            assert (checks["old"].pruned, checks["old"].erased) == (1, False)
+            assert [e.body is None for e in old] == [True] * 7 + [False] * 5
+            assert old[7].type == "log.pruned"
+        else:  # a whole session goes by its erasure
+            assert checks["old"].erased and old[-1].type == "session.erased"
+        assert (await audit.verify(session_id="gone")).problems == 0
+
+    # --- what the audit cannot chain --------------------------------------------------
+
+    async def test_a_record_it_cannot_chain_is_kept_among_the_rejects(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        await commit(store, SessionLog("s1").run(1))
+        await log.write_undecodable(Scope("s9"))
+        await commit(store, SessionLog("s2").run(1))  # records after it are still audited
+        done = await audit()
+        assert (done.records, done.entries, done.rejected) == (9, 8, 1)
+        async with log.fresh_reader() as fresh:
+            (bad,) = [r for r in await read_all(fresh) if r.event is None]
+        (reject,) = await audit.rejects()
+        assert (reject.position, reject.reason, reject.raw) == (bad.position, bad.error, bad.raw)
+        assert (await audit.verify()).problems == 0
+        again = await audit.again()  # read again: kept once
+        assert (again.entries, again.rejected) == (0, 1)
+        assert len(await audit.rejects()) == 1
