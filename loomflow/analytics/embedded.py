@@ -34,7 +34,7 @@ from loomflow.analytics.tally import (
 )
 from loomflow.errors import StoreError
 from loomflow.log.reader import LogRecord, drain, require_log, sqlite_reader
-from loomflow.projections.sqlite_thread import SqliteThread, open_own
+from loomflow.projections.sqlite import SqliteThread, open_own
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]

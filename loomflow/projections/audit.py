@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loomflow.errors import StoreError
 from loomflow.lifecycle import Resource
 from loomflow.projections.chain import Chained, Entry, Head, ScopeKey
-from loomflow.projections.sqlite_thread import SqliteThread, open_own
+from loomflow.projections.sqlite import SqliteThread, open_own
 
 if TYPE_CHECKING:
     import asyncpg

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, TypeVar
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import PruneFilter
-from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.projections.sqlite import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.store import DatabaseStore, PruneResult

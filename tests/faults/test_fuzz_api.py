@@ -40,7 +40,7 @@ from loomflow.models import ScriptedModel
 from loomflow.producers import scope_key
 from loomflow.projections.postgres.tables import uid as postgres_uid
 from loomflow.projections.sqlite import EVENT_COLUMNS, decode_event_row
-from loomflow.projections.sqlite import _uid as sqlite_uid
+from loomflow.projections.sqlite.tables import uid as sqlite_uid
 from loomflow.runtime import (
     InProcRuntime,
     InProcStore,

@@ -389,10 +389,11 @@ def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
 ) -> None:
     # a worker writing many sessions keeps the rows of the latest ones, not of every one
     from loomflow.projections import sqlite as sql
+    from loomflow.projections.sqlite import writes
     from loomflow.schemas import utcnow
     from loomflow.schemas.sessions import SessionRecord
 
-    monkeypatch.setattr(sql, "KNOWN_ROWS", 3)
+    monkeypatch.setattr(writes, "KNOWN_ROWS", 3)
     now = utcnow()
 
     def rows(*names: str) -> dict[tuple[str | None, str], SessionRecord]:
