@@ -38,9 +38,8 @@ from loomflow import (
 )
 from loomflow.models import ScriptedModel
 from loomflow.producers import scope_key
-from loomflow.projections.postgres.tables import uid as postgres_uid
+from loomflow.projections.rows import stored_user
 from loomflow.projections.sqlite import EVENT_COLUMNS, decode_event_row
-from loomflow.projections.sqlite.tables import uid as sqlite_uid
 from loomflow.runtime import (
     InProcRuntime,
     InProcStore,
@@ -304,8 +303,7 @@ def test_two_scopes_never_share_a_storage_key(trials: Trials) -> None:
             return
         assume(first != second)
         assert scope_key(*first) != scope_key(*second)
-        assert (sqlite_uid(first[0]), first[1]) != (sqlite_uid(second[0]), second[1])
-        assert (postgres_uid(first[0]), first[1]) != (postgres_uid(second[0]), second[1])
+        assert (stored_user(first[0]), first[1]) != (stored_user(second[0]), second[1])
 
     check()
 

@@ -40,9 +40,8 @@ from loomflow.projections.postgres.tables import (
     insert_sql,
     matching,
     payload_json,
-    uid,
 )
-from loomflow.projections.rows import session_from_row
+from loomflow.projections.rows import session_from_row, stored_user
 from loomflow.schemas import Event
 from loomflow.schemas.sessions import SessionRecord
 
@@ -111,7 +110,7 @@ async def _write(
                 columns=[name for name, _, _ in LOG_COLUMNS],
                 records=[
                     (
-                        uid(e.user_id),
+                        stored_user(e.user_id),
                         e.session_id,
                         e.seq,
                         e.type,
@@ -152,7 +151,7 @@ async def _stored_event_ids(
         f"SELECT user_id, session_id, seq, event_id FROM {quoted(schema)}.events "
         "WHERE (user_id, session_id, seq) IN "
         "(SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))",
-        [uid(w[0]) for w in wanted],
+        [stored_user(w[0]) for w in wanted],
         [w[1] for w in wanted],
         [w[2] for w in wanted],
     )
@@ -178,7 +177,7 @@ async def apply_events(
     size: the log rows, the session rows and each kind of read-model change are written
     in one statement each.
     """
-    keys = sorted({(uid(e.user_id), e.session_id) for e in events})
+    keys = sorted({(stored_user(e.user_id), e.session_id) for e in events})
     if not keys:
         return
     rows = await _lock_sessions(conn, schema, keys)
@@ -238,7 +237,7 @@ async def apply(
     mutation: Mutation,
 ) -> None:
     """Apply one fold mutation inside the caller's transaction."""
-    await _apply_wave(conn, schema, [((uid(user_id), session_id), mutation)])
+    await _apply_wave(conn, schema, [((stored_user(user_id), session_id), mutation)])
 
 
 async def _apply_in_waves(
@@ -252,7 +251,7 @@ async def _apply_in_waves(
     # collapse into the last one: keeping the newest k after each insert leaves what
     # keeping them once after the last insert does.
     queues = {
-        (uid(user), sid): deque(_collapse(queue))
+        (stored_user(user), sid): deque(_collapse(queue))
         for (user, sid), queue in sorted(pending.items(), key=lambda item: _by_key(item[0]))
         if queue
     }
@@ -270,7 +269,7 @@ async def _apply_in_waves(
 
 
 def _by_key(key: SessionKey) -> tuple[str, str]:
-    return uid(key[0]), key[1]
+    return stored_user(key[0]), key[1]
 
 
 def _collapse(queue: list[Mutation]) -> list[Mutation]:

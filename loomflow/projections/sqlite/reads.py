@@ -17,6 +17,7 @@ from loomflow.projections.rows import (
     checkpoint_from_row,
     decoded_events,
     session_from_row,
+    stored_user,
 )
 from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
@@ -24,7 +25,6 @@ from loomflow.projections.sqlite.tables import (
     decode_event_row,
     ts,
 )
-from loomflow.projections.sqlite.tables import uid as _uid
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
 from loomflow.schemas.sessions import SessionRecord
@@ -48,7 +48,7 @@ def load_session(
     row = conn.execute(
         f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions "
         "WHERE user_id = ? AND session_id = ?",
-        (_uid(user_id), session_id),
+        (stored_user(user_id), session_id),
     ).fetchone()
     return None if row is None else session_from_row(row)
 
@@ -70,7 +70,7 @@ def list_sessions(
         params.append(status)
     if not any_user:
         where.append("user_id = ?")
-        params.append(_uid(user_id))
+        params.append(stored_user(user_id))
     if parent_session_id is not None:
         where.append("parent_session_id = ?")
         params.append(parent_session_id)
@@ -107,13 +107,13 @@ def get_checkpoint(
         row = conn.execute(
             f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
             "AND session_id = ? ORDER BY seq DESC LIMIT 1",
-            (_uid(user_id), session_id),
+            (stored_user(user_id), session_id),
         ).fetchone()
     else:
         row = conn.execute(
             f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
             "AND session_id = ? AND checkpoint_id = ?",
-            (_uid(user_id), session_id, checkpoint_id),
+            (stored_user(user_id), session_id, checkpoint_id),
         ).fetchone()
     return None if row is None else checkpoint_from_row(row)
 
@@ -124,7 +124,7 @@ def list_checkpoints(
     rows = conn.execute(
         f"SELECT {CHECKPOINT_COLUMNS} FROM loomflow_checkpoints WHERE user_id = ? "
         "AND session_id = ? ORDER BY seq DESC LIMIT ?",
-        (_uid(user_id), session_id, limit),
+        (stored_user(user_id), session_id, limit),
     ).fetchall()
     return [checkpoint_from_row(r) for r in rows]
 
@@ -135,7 +135,7 @@ def get_step(
     row = conn.execute(
         "SELECT input_hash, seq, value, serializer, at FROM loomflow_steps "
         "WHERE user_id = ? AND session_id = ? AND step_key = ?",
-        (_uid(user_id), session_id, step_key),
+        (stored_user(user_id), session_id, step_key),
     ).fetchone()
     if row is None:
         return None
@@ -156,7 +156,7 @@ def read_events(
         conn,
         f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE user_id = ? AND session_id = ? "
         "AND seq >= ? AND seq <= ? ORDER BY seq",
-        (_uid(user_id), session_id, lo, hi),
+        (stored_user(user_id), session_id, lo, hi),
     )
     return decoded_events(rows, decode_event_row)
 
@@ -193,6 +193,6 @@ def read_transcript(
         "SELECT seq, payload FROM loomflow_events WHERE user_id = ? AND session_id = ? "
         f"AND seq >= ? AND seq <= ? AND type IN ({','.join('?' * len(TRANSCRIPT_TYPES))}) "
         "ORDER BY seq",
-        (_uid(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
+        (stored_user(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
     ).fetchall()
     return decode_transcript(session_id, [(row[0], row[1]) for row in rows])

@@ -16,17 +16,12 @@ __all__ = [
     "SESSION_COLUMNS",
     "decode_event_row",
     "ts",
-    "uid",
 ]
 
 
 def ts(moment: datetime) -> str:
     """A timestamp as fixed-width UTC ISO text, so text order is time order."""
     return moment.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def uid(user_id: str | None) -> str:
-    return "" if user_id is None else user_id
 
 
 SESSION_COLUMNS = (

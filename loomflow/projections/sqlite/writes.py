@@ -25,10 +25,9 @@ from loomflow.projections.fold import (
     maybe_redelivered,
     project,
 )
-from loomflow.projections.rows import control_json, control_parts
+from loomflow.projections.rows import control_json, control_parts, stored_user
 from loomflow.projections.sqlite.reads import load_session
 from loomflow.projections.sqlite.tables import CHECKPOINT_COLUMNS, SESSION_COLUMNS, ts
-from loomflow.projections.sqlite.tables import uid as _uid
 from loomflow.schemas import Event
 from loomflow.schemas.sessions import SessionRecord
 
@@ -67,7 +66,7 @@ def save_session(
             # columns changed, where a replace deletes and re-inserts every index entry
             _SAVE_SESSION,
             (
-                _uid(row.user_id),
+                stored_user(row.user_id),
                 row.session_id,
                 row.status,
                 row.last_seq,
@@ -105,7 +104,9 @@ def save_session(
         names.append("control")
         values.append(control_json(row))
     if names:
-        conn.execute(_update_session(tuple(names)), (*values, _uid(row.user_id), row.session_id))
+        conn.execute(
+            _update_session(tuple(names)), (*values, stored_user(row.user_id), row.session_id)
+        )
 
 
 #: the columns stored as they are in the row
@@ -136,7 +137,7 @@ def insert_event(conn: sqlite3.Connection, event: Event) -> None:
         "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
         "v, at, payload) VALUES (?,?,?,?,?,?,?,?,?,?)",
         (
-            _uid(event.user_id),
+            stored_user(event.user_id),
             event.session_id,
             event.seq,
             event.type,
@@ -154,7 +155,7 @@ def apply(
     conn: sqlite3.Connection, user_id: str | None, session_id: str, mutation: Mutation
 ) -> None:
     """Apply one fold mutation inside the caller's transaction."""
-    scope = (_uid(user_id), session_id)
+    scope = (stored_user(user_id), session_id)
     match mutation:
         case AddTranscript():
             pass  # the log row of this event is the transcript row
@@ -348,7 +349,7 @@ def _stored_event_ids(
     for user_id, session_id, seq in wanted:
         row = conn.execute(
             "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ?",
-            (_uid(user_id), session_id, seq),
+            (stored_user(user_id), session_id, seq),
         ).fetchone()
         if row is not None:
             stored[(user_id, session_id, seq)] = row[0]
@@ -368,7 +369,7 @@ def prune(
         params.append(match.session_id)
     if not match.any_user:
         where.append("user_id = ?")
-        params.append(_uid(match.user_id))
+        params.append(stored_user(match.user_id))
     clause = " AND ".join(where)
     conn.execute("BEGIN IMMEDIATE")
     try:
