@@ -189,7 +189,7 @@ class SqliteStore(DatabaseStore):
         if self._direct is not None and self._direct_lock.acquire(blocking=False):
             try:
                 if self._direct is not None:
-                    row = self._known.current(self._direct, scope.user_id, scope.session_id)
+                    row = self._known.current(self._direct, scope)
                     if row is not None:
                         return row
             except sqlite3.DatabaseError:

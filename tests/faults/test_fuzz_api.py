@@ -78,7 +78,7 @@ def _held(runtime: Runtime) -> object:
     """Everything the runtime's store holds, to compare before and after a refused call."""
     store = runtime.store
     if isinstance(store, InProcStore):
-        return {key: (list(e.log), e.row) for key, e in store._sessions.items()}
+        return {key: (list(e.log), e.row) for key, e in store._memory.sessions.items()}
     with closing(sqlite3.connect(_path(runtime))) as conn:
         return [
             conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in _TABLES
@@ -98,8 +98,8 @@ def _events(runtime: Runtime, session: str | None = None) -> list[Event]:
         # memory holds the objects: the JSON they would be written as must decode to them
         logged = [
             e
-            for (_, sid), entry in store._sessions.items()
-            if session in (None, sid)
+            for scope, entry in store._memory.sessions.items()
+            if session in (None, scope.session_id)
             for e in entry.log
         ]
         decoded = [decode_event(e.model_dump_json()) for e in logged]

@@ -11,7 +11,7 @@ from loomflow.projections.fold import (
 )
 from loomflow.projections.rows import control_json, stored_user
 from loomflow.schemas import Event
-from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.scope import Scoped
 
 __all__ = [
     "LOG_COLUMNS",
@@ -19,6 +19,7 @@ __all__ = [
     "SESSION_KEY",
     "SESSION_ROW_COLUMNS",
     "Columns",
+    "StoredKey",
     "arrays",
     "by_scope",
     "insert_sql",
@@ -100,7 +101,11 @@ def arrays(columns: Columns, rows: Sequence[Any]) -> list[list[object]]:
     return [[value(row) for row in rows] for _, _, value in columns]
 
 
-def by_scope(row: Event | SessionRecord) -> tuple[str, str]:
+#: a session as the tables key it: (user as stored, session id)
+StoredKey = tuple[str, str]
+
+
+def by_scope(row: Scoped) -> StoredKey:
     # rows written in key order: two batches creating the same new sessions wait on each
     # other in the same order instead of deadlocking
     return stored_user(row.user_id), row.session_id

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from loomflow.errors import CorruptRecordError
+from loomflow.projections.apply import Seq
 from loomflow.projections.fold import TRANSCRIPT_TYPES, CheckpointRow, StepRow
 from loomflow.projections.rows import (
     SESSION_FIELDS,
@@ -30,6 +31,7 @@ from loomflow.schemas import Event, Message
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "event_ids_at",
     "fetch_log_rows",
     "get_checkpoint",
     "get_step",
@@ -196,3 +198,17 @@ def read_transcript(
         (stored_user(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
     ).fetchall()
     return decode_transcript(session_id, [(row[0], row[1]) for row in rows])
+
+
+def event_ids_at(conn: sqlite3.Connection, wanted: Sequence[Seq]) -> dict[Seq, str]:
+    """The id of the event the log holds at each of these (scope, seq); missing where
+    it holds none."""
+    found: dict[Seq, str] = {}
+    for scope, seq in wanted:
+        row = conn.execute(
+            "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ?",
+            (stored_user(scope.user_id), scope.session_id, seq),
+        ).fetchone()
+        if row is not None:
+            found[(scope, seq)] = row[0]
+    return found

@@ -13,8 +13,10 @@ from typing import Any
 import orjson
 
 from loomflow.errors import InvalidEventError, LoomflowError
+from loomflow.projections.apply import NewRows, Seq, StoredRows, apply_batch
 from loomflow.projections.fold import (
     AddTranscript,
+    Change,
     DeleteCheckpoints,
     EraseSession,
     Mutation,
@@ -22,18 +24,18 @@ from loomflow.projections.fold import (
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
-    maybe_redelivered,
-    project,
 )
 from loomflow.projections.rows import control_json, control_parts, stored_user
-from loomflow.projections.sqlite.reads import load_session
+from loomflow.projections.sqlite.reads import event_ids_at, load_session
 from loomflow.projections.sqlite.tables import CHECKPOINT_COLUMNS, SESSION_COLUMNS, ts
 from loomflow.schemas import Event
+from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
     "KNOWN_ROWS",
     "KnownRows",
+    "SqliteDialect",
     "apply",
     "apply_events",
     "commit_round",
@@ -219,7 +221,7 @@ class KnownRows:
     instead of reading it back and decoding it."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str | None, str], SessionRecord] = {}
+        self.rows: dict[Scope, SessionRecord] = {}
         self._version: int | None = None
 
     def check(self, conn: sqlite3.Connection) -> None:
@@ -233,7 +235,7 @@ class KnownRows:
         self.rows.clear()
         self._version = None
 
-    def remember(self, changed: Mapping[tuple[str | None, str], SessionRecord]) -> None:
+    def remember(self, changed: Mapping[Scope, SessionRecord]) -> None:
         """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them."""
         for key, row in changed.items():
             self.rows.pop(key, None)  # to the end: the least recently written go first
@@ -241,12 +243,10 @@ class KnownRows:
         while len(self.rows) > KNOWN_ROWS:
             del self.rows[next(iter(self.rows))]
 
-    def current(
-        self, conn: sqlite3.Connection, user_id: str | None, session_id: str
-    ) -> SessionRecord | None:
+    def current(self, conn: sqlite3.Connection, scope: Scope) -> SessionRecord | None:
         """The session's row as this connection last committed it, if no other connection
         wrote since; None when it does not know (read it from the file)."""
-        row = self.rows.get((user_id, session_id))
+        row = self.rows.get(scope)
         if row is None or conn.execute("PRAGMA data_version").fetchone()[0] != self._version:
             return None
         return row
@@ -284,7 +284,7 @@ def commit_round(
             if known is not None:
                 known.remember(changed)
             return [None]
-        updates: dict[tuple[str | None, str], SessionRecord] = {}
+        updates: dict[Scope, SessionRecord] = {}
         for events in batches:
             conn.execute("SAVEPOINT batch")
             try:
@@ -311,49 +311,56 @@ def commit_round(
 def apply_events(
     conn: sqlite3.Connection,
     events: Sequence[Event],
-    known: Mapping[tuple[str | None, str], SessionRecord] | None = None,
-) -> dict[tuple[str | None, str], SessionRecord]:
+    known: Mapping[Scope, SessionRecord] | None = None,
+) -> dict[Scope, SessionRecord]:
     """Fold events into the read model and append them to the log, in the caller's
     transaction; a refused event raises and the caller rolls the batch back. Return the
     sessions' new rows. ``known`` holds rows that are current in this transaction."""
-    known = known or {}
-    rows = {
-        key: known[key] if key in known else load_session(conn, *key)
-        for key in {(e.user_id, e.session_id) for e in events}
-    }
-    stored = _stored_event_ids(conn, maybe_redelivered(rows, events))
-    changed, changes = project(rows, events, stored)
-    for change in changes:
-        event = change.event
-        try:
-            for mutation in change.mutations:
-                apply(conn, event.user_id, event.session_id, mutation)
-            insert_event(conn, event)
-        except sqlite3.IntegrityError as exc:
-            # a stored row the read model does not know of holds its key (a row another
-            # program wrote at the seq, a checkpoint id the session has): refused as an
-            # event, as PostgreSQL refuses it, so only this append fails, not its round
-            raise InvalidEventError(
-                f"{event.type} at seq {event.seq} of session {event.session_id!r} is refused "
-                f"by a row already stored: {exc}"
-            ) from exc
-    for key, row in changed.items():
-        save_session(conn, row, rows.get(key))
-    return changed
+    return apply_batch(SqliteDialect(conn, known or {}), events)
 
 
-def _stored_event_ids(
-    conn: sqlite3.Connection, wanted: list[tuple[str | None, str, int]]
-) -> dict[tuple[str | None, str, int], str]:
-    stored: dict[tuple[str | None, str, int], str] = {}
-    for user_id, session_id, seq in wanted:
-        row = conn.execute(
-            "SELECT event_id FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ?",
-            (stored_user(user_id), session_id, seq),
-        ).fetchone()
-        if row is not None:
-            stored[(user_id, session_id, seq)] = row[0]
-    return stored
+class SqliteDialect:
+    """The apply step's reads and writes in a SQLite file (see projections/apply.py), in
+    the caller's transaction; ``known`` holds session rows current in it, which are not
+    read back."""
+
+    def __init__(self, conn: sqlite3.Connection, known: Mapping[Scope, SessionRecord]) -> None:
+        self.conn = conn
+        self.known = known
+
+    def rows(self, scopes: Sequence[Scope]) -> dict[Scope, SessionRecord | None]:
+        """The rows of these sessions, from ``known`` or the file; None where none is."""
+        return {
+            scope: row
+            if (row := self.known.get(scope)) is not None
+            else load_session(self.conn, scope.user_id, scope.session_id)
+            for scope in scopes
+        }
+
+    def event_ids(self, wanted: Sequence[Seq]) -> dict[Seq, str]:
+        """The id of the event the log holds at each of these seqs; missing where none."""
+        return event_ids_at(self.conn, wanted)
+
+    def write(self, changes: Sequence[Change], rows: NewRows, before: StoredRows) -> None:
+        """Apply each change and insert its event's log row, then store the changed rows
+        (only their changed columns where ``before`` has them)."""
+        conn = self.conn
+        for change in changes:
+            event = change.event
+            try:
+                for mutation in change.mutations:
+                    apply(conn, event.user_id, event.session_id, mutation)
+                insert_event(conn, event)
+            except sqlite3.IntegrityError as exc:
+                # a stored row the read model does not know of holds its key (a row another
+                # program wrote at the seq, a checkpoint id the session has): refused as an
+                # event, as PostgreSQL refuses it, so only this append fails, not its round
+                raise InvalidEventError(
+                    f"{event.type} at seq {event.seq} of session {event.session_id!r} is "
+                    f"refused by a row already stored: {exc}"
+                ) from exc
+        for scope, row in rows.items():
+            save_session(conn, row, before.get(scope))
 
 
 def prune(
