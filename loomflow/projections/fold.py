@@ -1,8 +1,9 @@
 """The fold: how each event changes the read model. Plain Python, no I/O.
 
-Every store (in-process, SQLite, PostgreSQL) calls :func:`fold` for each event it
-appends or consumes and applies the returned mutations in the same transaction, so
-all of them hold the same read model for the same log.
+Every store (in-process, SQLite, PostgreSQL) folds each event it appends or consumes,
+through :func:`project` in the apply step (projections/apply.py), and applies the
+returned mutations in the same transaction, so all of them hold the same read model for
+the same log.
 """
 
 from __future__ import annotations

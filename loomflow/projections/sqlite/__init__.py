@@ -4,9 +4,10 @@ Functions here are synchronous and take a ``sqlite3.Connection``; the SQLite sto
 them on its own thread (or commits on the event loop's, see SqliteStore). The transcript
 is not copied into the read model: the log table in the same file already holds every
 turn's messages. ``schema``: opening the file, tables, migrations, the WAL; ``tables``:
-how rows map to columns; ``writes``: folding rounds of events into the log and read
-model, prune; ``reads``: queries; ``thread``: a connection on a thread of its own, for
-the store and the consumers of an embedded log.
+how rows map to columns; ``writes``: its dialect of the apply step (projections/apply.py),
+rounds of appends folded into the log and read model, prune; ``reads``: queries;
+``thread``: a connection on a thread of its own, for the store and the consumers of an
+embedded log.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from loomflow.projections.sqlite.tables import EVENT_COLUMNS, decode_event_row, 
 from loomflow.projections.sqlite.thread import SqliteThread, open_own
 from loomflow.projections.sqlite.writes import (
     KnownRows,
+    SqliteDialect,
     apply,
     apply_events,
     commit_round,
@@ -48,6 +50,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "KnownRows",
     "OpenedFile",
+    "SqliteDialect",
     "SqliteThread",
     "apply",
     "apply_events",
