@@ -39,19 +39,19 @@ WORKLOADS = ("single", "big")
 @contextmanager
 def _page_size(size: int) -> Iterator[None]:
     """New store files get ``size`` as their page size while this is open."""
-    from loomflow.projections import sqlite as sql
+    from loomflow.projections.sqlite import schema
 
-    wal = sql._wal
+    wal = schema._wal
 
     def sized(conn: sqlite3.Connection, busy_timeout_ms: int) -> str:
         conn.execute(f"PRAGMA page_size = {int(size)}")  # before WAL mode and any table
         return wal(conn, busy_timeout_ms)
 
-    sql._wal = sized
+    schema._wal = sized
     try:
         yield
     finally:
-        sql._wal = wal
+        schema._wal = wal
 
 
 async def _write(directory: Path, workload: str) -> int:

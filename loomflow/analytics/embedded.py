@@ -34,7 +34,8 @@ from loomflow.analytics.tally import (
 )
 from loomflow.errors import StoreError
 from loomflow.log.reader import LogRecord, drain, require_log, sqlite_reader
-from loomflow.projections.sqlite_thread import SqliteThread, open_own
+from loomflow.projections.rows import stored_user as _uid
+from loomflow.projections.sqlite import SqliteThread, open_own
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]
@@ -129,10 +130,6 @@ def _connect(path: Path) -> sqlite3.Connection:
         conn.close()
         raise
     return conn
-
-
-def _uid(user_id: str | None) -> str:
-    return user_id or ""
 
 
 def _load_state(conn: sqlite3.Connection, tally: Tally, scopes: Iterable[ScopeKey]) -> None:

@@ -29,7 +29,7 @@ import orjson
 
 from loomflow.errors import CorruptRecordError, InvalidEventError, StoreError
 from loomflow.lifecycle import Resource
-from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.projections.sqlite import SqliteThread
 from loomflow.schemas import Event
 
 if TYPE_CHECKING:

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from loomflow.errors import StoreError
 from loomflow.lifecycle import Resource
 from loomflow.projections.chain import Chained, Entry, Head, ScopeKey
-from loomflow.projections.sqlite_thread import SqliteThread, open_own
+from loomflow.projections.rows import stored_user as _uid
+from loomflow.projections.sqlite import SqliteThread, open_own
 
 if TYPE_CHECKING:
     import asyncpg
@@ -45,10 +46,6 @@ class Reject:
 def default_trail_path(log: Path) -> Path:
     """The trail file of an embedded log: ``journal.db`` -> ``journal.audit.db``."""
     return log.with_name(f"{log.stem}.audit{log.suffix or '.db'}")
-
-
-def _uid(user_id: str | None) -> str:
-    return "" if user_id is None else user_id
 
 
 def _entry(row: Sequence[Any], at: datetime) -> Entry:

@@ -30,6 +30,7 @@ __all__ = [
     "decoded_events",
     "event_from_row",
     "session_from_row",
+    "stored_user",
 ]
 
 logger = logging.getLogger("loomflow.projections")
@@ -65,6 +66,12 @@ CHECKPOINT_FIELDS = (
     "created_at",
 )
 EVENT_FIELDS = ("user_id", "session_id", "seq", "type", "event_id", "run_id", "epoch", "v", "at")
+
+
+def stored_user(user_id: str | None) -> str:
+    """A user id as both dialects store it: ``''`` for no user (the column is part of
+    every key, so it is never NULL; no id is empty, see schemas.ids)."""
+    return "" if user_id is None else user_id
 
 
 def _moment(value: datetime | str) -> datetime:

@@ -14,6 +14,7 @@ from loomflow.schemas import (
     TranscriptCompacted,
     TurnAppended,
 )
+from loomflow.schemas.scope import Scope, scope_of
 
 __all__ = ["TranscriptCache"]
 
@@ -35,18 +36,16 @@ class TranscriptCache:
 
     def __init__(self, max_sessions: int = 64) -> None:
         self._max = max_sessions
-        self._entries: OrderedDict[tuple[str | None, str], _CachedTranscript] = OrderedDict()
+        self._entries: OrderedDict[Scope, _CachedTranscript] = OrderedDict()
 
-    def lookup(self, key: tuple[str | None, str], base_seq: int) -> _CachedTranscript | None:
+    def lookup(self, key: Scope, base_seq: int) -> _CachedTranscript | None:
         entry = self._entries.get(key)
         if entry is None or entry.base_seq != base_seq:
             return None
         self._entries.move_to_end(key)
         return entry
 
-    def store(
-        self, key: tuple[str | None, str], base_seq: int, seq: int, messages: list[Message]
-    ) -> None:
+    def store(self, key: Scope, base_seq: int, seq: int, messages: list[Message]) -> None:
         self._entries[key] = _CachedTranscript(base_seq, seq, messages)
         self._entries.move_to_end(key)
         while len(self._entries) > self._max:
@@ -55,7 +54,7 @@ class TranscriptCache:
     def follow(self, events: Sequence[Event]) -> None:
         """Keep entries in step with events this store just appended."""
         for event in events:
-            key = (event.user_id, event.session_id)
+            key = scope_of(event)
             if isinstance(event, SessionForked | TranscriptCompacted):
                 self.store(key, event.seq, event.seq, list(event.payload.messages))
                 continue
@@ -74,7 +73,7 @@ class TranscriptCache:
 
     async def read(
         self,
-        key: tuple[str | None, str],
+        key: Scope,
         base_seq: int,
         upto_seq: int,
         message_count: int,
@@ -97,7 +96,7 @@ class TranscriptCache:
             cached.seq = upto_seq
         return cached.messages[:message_count]
 
-    def forget(self, key: tuple[str | None, str] | None = None) -> None:
+    def forget(self, key: Scope | None = None) -> None:
         if key is None:
             self._entries.clear()
         else:

@@ -9,9 +9,8 @@ from loomflow.errors import (
     LoomflowError,
 )
 from loomflow.runtime.cache import TranscriptCache
-from loomflow.schemas import (
-    Event,
-)
+from loomflow.schemas import Event
+from loomflow.schemas.scope import Scope, scope_of
 
 __all__ = ["GroupCommit", "Outcomes"]
 
@@ -45,10 +44,10 @@ class GroupCommit:
         self._pending: list[tuple[list[Event], asyncio.Future[None]]] = []
         self._drainer: asyncio.Task[None] | None = None
         #: the session of the last append
-        self._last: tuple[str | None, str] | None = None
+        self._last: Scope | None = None
 
     async def append(self, events: list[Event]) -> None:
-        key, self._last = self._last, (events[0].user_id, events[0].session_id)
+        key, self._last = self._last, scope_of(events[0])
         idle = not self._pending and (self._drainer is None or self._drainer.done())
         if self._now is not None and key == self._last and idle:
             try:
@@ -99,4 +98,4 @@ class GroupCommit:
 
     def _forget(self, events: list[Event]) -> None:
         for event in events:
-            self._cache.forget((event.user_id, event.session_id))
+            self._cache.forget(scope_of(event))

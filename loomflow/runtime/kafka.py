@@ -36,6 +36,7 @@ from aiokafka.errors import KafkaError
 from loomflow import errors
 from loomflow.errors import (
     InvalidEventError,
+    InvalidIdError,
     ProjectionTimeoutError,
     SessionErasedError,
     StaleWriterError,
@@ -68,7 +69,7 @@ from loomflow.schemas import (
 )
 from loomflow.schemas.codec import Serializer, decode_event
 from loomflow.schemas.events import MAX_EVENT_BYTES
-from loomflow.schemas.scope import Scope
+from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
@@ -89,7 +90,6 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
 #: sessions whose bookkeeping is kept before settled ones are dropped
 _MAX_WATCHED = 4096
 
-_Key = tuple[str | None, str]
 #: events that claim the session for a new writer: earlier refusals were for earlier runs
 #: (an erasure claims too, but nothing comes after it)
 _NEW_RUN = (RunStarted, SessionForked, SignalSent)
@@ -264,7 +264,7 @@ class KafkaStore(EventStore):
         )
         self._positions = _Positions()
         self._listener = _Listener(settings, self._positions.advance, self._heard)
-        self._watches: dict[_Key, _Watch] = {}
+        self._watches: dict[Scope, _Watch] = {}
         self._consumer: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
         self._started = False
@@ -337,7 +337,7 @@ class KafkaStore(EventStore):
         if not events:
             return
         pending = await self._enqueue(events)
-        await self._settle({(e.user_id, e.session_id) for e in events}, pending)
+        await self._settle({scope_of(e) for e in events}, pending)
 
     async def send(self, events: Sequence[Event]) -> None:
         """Hand events to the producer and return; the session's next ``append`` (or
@@ -345,7 +345,7 @@ class KafkaStore(EventStore):
         if not events:
             return
         pending = await self._enqueue(events)
-        for key in {(e.user_id, e.session_id) for e in events}:
+        for key in {scope_of(e) for e in events}:
             self._watch(key).sending.append(pending)
 
     async def _enqueue(self, events: Sequence[Event]) -> _Sending:
@@ -353,14 +353,14 @@ class KafkaStore(EventStore):
         for event in events:
             self._check(event)
         for event in events:
-            watch = self._watch((event.user_id, event.session_id))
+            watch = self._watch(scope_of(event))
             if isinstance(event, _NEW_RUN):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
         return list(events), await self._producer.enqueue(events)
 
-    async def _settle(self, keys: set[_Key], *also: _Sending, quiet: bool = False) -> None:
+    async def _settle(self, keys: set[Scope], *also: _Sending, quiet: bool = False) -> None:
         """Wait for the acknowledgement of what was sent for ``keys`` (and ``also``), in
         order, and note where each event landed; raise the first failure (unless
         ``quiet``: then a failed send only means those events are not in the log).
@@ -399,11 +399,11 @@ class KafkaStore(EventStore):
             if id(sending) in seen:
                 continue
             seen.add(id(sending))
-            for key in {(e.user_id, e.session_id) for e in sending[0]}:
+            for key in {scope_of(e) for e in sending[0]}:
                 self._watch(key).sending.insert(0, sending)
 
     def _landed(self, event: Event, partition: int, offset: int) -> None:
-        watch = self._watch((event.user_id, event.session_id))
+        watch = self._watch(scope_of(event))
         watch.written[partition] = max(watch.written.get(partition, -1), offset)
         if isinstance(event, StepRecorded):
             p = event.payload
@@ -411,12 +411,12 @@ class KafkaStore(EventStore):
             watch.steps[p.step_key] = (partition, offset, row)
 
     def _check(self, event: Event) -> None:
-        watch = self._watches.get((event.user_id, event.session_id))
+        scope = scope_of(event)
+        watch = self._watches.get(scope)
         if watch is None:
             return
         if watch.refusal is not None and not isinstance(event, _NEW_RUN):
             raise _refusal(*watch.refusal)
-        scope = Scope(event.session_id, event.user_id)
         if watch.erased:
             raise SessionErasedError(f"{scope.describe()} was erased; start a new session id")
         if event.epoch < watch.epoch:
@@ -425,7 +425,7 @@ class KafkaStore(EventStore):
                 f"{scope.describe()}: another run took the session over"
             )
 
-    def _watch(self, key: _Key) -> _Watch:
+    def _watch(self, key: Scope) -> _Watch:
         watch = self._watches.get(key)
         if watch is None:
             if len(self._watches) >= _MAX_WATCHED:
@@ -444,8 +444,11 @@ class KafkaStore(EventStore):
 
     def _heard(self, note: dict[str, Any]) -> None:
         """A projector's notification: a session's new epoch, or a refused event."""
-        key = (note.get("u"), str(note.get("s")))
-        watch = self._watches.get(key)
+        try:
+            scope = Scope.of(note.get("s"), note.get("u"))
+        except InvalidIdError:
+            return  # not a session's note
+        watch = self._watches.get(scope)
         if watch is None:
             return  # not a session this store writes to
         if "epoch" in note:
@@ -457,9 +460,8 @@ class KafkaStore(EventStore):
     async def confirm(self, scope: Scope) -> None:
         """Wait until the projector applied this store's appends to ``scope``; raise the
         typed refusal of any of them."""
-        key = (scope.user_id, scope.session_id)
-        await self._settle({key})
-        watch = self._watches.get(key)
+        await self._settle({scope})
+        watch = self._watches.get(scope)
         if watch is None or not watch.unconfirmed:
             return
         await self._projected(watch.written)
@@ -568,7 +570,7 @@ class KafkaStore(EventStore):
         unprojected events: one read of the session and no wait for the projector
         (unless an unprojected ``checkpoints.pruned`` makes the newest one unknown)."""
         await self.start()
-        await self._settle({(scope.user_id, scope.session_id)}, quiet=True)
+        await self._settle({scope}, quiet=True)
         row, since = await self.projected_session(scope)
         latest: str | None = None
         if checkpoint and row is not None:
@@ -672,7 +674,7 @@ class KafkaStore(EventStore):
         and everything before its claim was projected when the claim was.
         """
         await self.start()
-        watch = self._watches.get((scope.user_id, scope.session_id))
+        watch = self._watches.get(scope)
         if watch is not None and step_key in watch.steps:
             partition, offset, row = watch.steps[step_key]
             if not self._positions.passed({partition: offset}):

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
 from loomflow.projections.fold import PruneFilter
-from loomflow.projections.sqlite_thread import SqliteThread
+from loomflow.projections.sqlite import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.store import DatabaseStore, PruneResult
@@ -194,7 +194,7 @@ class SqliteStore(DatabaseStore):
         if self._direct is not None and self._direct_lock.acquire(blocking=False):
             try:
                 if self._direct is not None:
-                    row = self._known.current(self._direct, scope.user_id, scope.session_id)
+                    row = self._known.current(self._direct, scope)
                     if row is not None:
                         return row
             except sqlite3.DatabaseError:

@@ -252,7 +252,7 @@ class DatabaseStore(EventStore):
 
     def forget(self, scope: Scope | None = None) -> None:
         """Drop what the transcript cache holds of the session (of every session: None)."""
-        self._cache.forget(None if scope is None else (scope.user_id, scope.session_id))
+        self._cache.forget(scope)
 
     async def session(self, scope: Scope) -> SessionRecord | None:
         row: SessionRecord | None = await self._read(self.queries.load_session, scope)
@@ -315,8 +315,7 @@ class DatabaseStore(EventStore):
             messages: list[Message] = await self._read(self.queries.read_transcript, scope, lo, hi)
             return messages
 
-        key = (scope.user_id, scope.session_id)
-        return await self._cache.read(key, base_seq, upto_seq, message_count, fetch)
+        return await self._cache.read(scope, base_seq, upto_seq, message_count, fetch)
 
     async def step(self, scope: Scope, step_key: str) -> StepRow | None:
         row: StepRow | None = await self._read(self.queries.get_step, scope, step_key)

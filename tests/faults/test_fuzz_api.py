@@ -38,9 +38,8 @@ from loomflow import (
 )
 from loomflow.models import ScriptedModel
 from loomflow.producers import scope_key
-from loomflow.projections.postgres.tables import uid as postgres_uid
+from loomflow.projections.rows import stored_user
 from loomflow.projections.sqlite import EVENT_COLUMNS, decode_event_row
-from loomflow.projections.sqlite import _uid as sqlite_uid
 from loomflow.runtime import (
     InProcRuntime,
     InProcStore,
@@ -79,7 +78,7 @@ def _held(runtime: Runtime) -> object:
     """Everything the runtime's store holds, to compare before and after a refused call."""
     store = runtime.store
     if isinstance(store, InProcStore):
-        return {key: (list(e.log), e.row) for key, e in store._sessions.items()}
+        return {key: (list(e.log), e.row) for key, e in store._memory.sessions.items()}
     with closing(sqlite3.connect(_path(runtime))) as conn:
         return [
             conn.execute(f"SELECT * FROM {table} ORDER BY 1, 2").fetchall() for table in _TABLES
@@ -99,8 +98,8 @@ def _events(runtime: Runtime, session: str | None = None) -> list[Event]:
         # memory holds the objects: the JSON they would be written as must decode to them
         logged = [
             e
-            for (_, sid), entry in store._sessions.items()
-            if session in (None, sid)
+            for scope, entry in store._memory.sessions.items()
+            if session in (None, scope.session_id)
             for e in entry.log
         ]
         decoded = [decode_event(e.model_dump_json()) for e in logged]
@@ -304,8 +303,7 @@ def test_two_scopes_never_share_a_storage_key(trials: Trials) -> None:
             return
         assume(first != second)
         assert scope_key(*first) != scope_key(*second)
-        assert (sqlite_uid(first[0]), first[1]) != (sqlite_uid(second[0]), second[1])
-        assert (postgres_uid(first[0]), first[1]) != (postgres_uid(second[0]), second[1])
+        assert (stored_user(first[0]), first[1]) != (stored_user(second[0]), second[1])
 
     check()
 

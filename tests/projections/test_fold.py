@@ -18,7 +18,6 @@ from loomflow.projections.fold import (
     EraseSession,
     PutCheckpoint,
     RetainCheckpoints,
-    SessionKey,
     fold,
     materialise,
     project,
@@ -32,6 +31,7 @@ from loomflow.schemas import (
     RunFinished,
     RunStarted,
     RunWaiting,
+    Scope,
     SessionErased,
     SessionForked,
     SignalSent,
@@ -373,19 +373,19 @@ def test_project_skips_an_event_given_twice_in_one_batch() -> None:
     first = started()
     changed, changes = project({}, [first, first], {})
     assert [c.event.event_id for c in changes] == [first.event_id]
-    assert changed[(None, "s")].last_seq == 1
+    assert changed[Scope("s")].last_seq == 1
 
 
 def test_project_forgets_only_the_erased_sessions_stored_ids() -> None:
     other = RunStarted(session_id="t", run_id="r", seq=1, epoch=1)
-    rows: dict[SessionKey, SessionRecord | None] = {
-        (None, "s"): run([started(), turn(2, "a")])[0],
-        (None, "t"): fold(None, other)[0],
+    rows: dict[Scope, SessionRecord | None] = {
+        Scope("s"): run([started(), turn(2, "a")])[0],
+        Scope("t"): fold(None, other)[0],
     }
     again = turn(2, "a")
-    stored: dict[tuple[str | None, str, int], str] = {
-        (None, "s", 2): again.event_id,
-        (None, "t", 1): other.event_id,
+    stored: dict[tuple[Scope, int], str] = {
+        (Scope("s"), 2): again.event_id,
+        (Scope("t"), 1): other.event_id,
     }
     erased = SessionErased(session_id="s", run_id="admin", seq=3, epoch=1)
     # another session's redelivery in the same batch is still recognised and skipped

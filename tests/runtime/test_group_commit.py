@@ -10,7 +10,7 @@ from loomflow import Message
 from loomflow.errors import StoreError
 from loomflow.runtime.cache import TranscriptCache
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
-from loomflow.schemas import Event, TurnAppended
+from loomflow.schemas import Event, Scope, TurnAppended
 from loomflow.schemas.events import TurnAppendedPayload
 
 
@@ -81,8 +81,8 @@ async def test_a_failed_commit_in_its_own_step_raises_and_forgets_the_session() 
     store = _Store()
     group = GroupCommit(store.commit, cache, store.now)
     await group.append([_event("a", 1)])
-    assert cache.lookup((None, "a"), 0) is not None
+    assert cache.lookup(Scope("a"), 0) is not None
     store.broken = True
     with pytest.raises(StoreError, match="disk I/O"):
         await group.append([_event("a", 2)])
-    assert cache.lookup((None, "a"), 0) is None  # its outcome is unknown: read it again
+    assert cache.lookup(Scope("a"), 0) is None  # its outcome is unknown: read it again

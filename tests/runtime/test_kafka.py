@@ -104,7 +104,7 @@ async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: K
     assert fresh.epoch == zombie.epoch + 1
 
     # the zombie's runtime hears of the new epoch and refuses before writing to the log
-    watch = zombie_rt.store._watches[(None, "s1")]
+    watch = zombie_rt.store._watches[Scope("s1")]
     await eventually(lambda: watch.epoch == fresh.epoch, what="the new epoch's notification")
     ends = await env.end_offsets()
     with pytest.raises(StaleWriterError):

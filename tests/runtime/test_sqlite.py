@@ -389,18 +389,19 @@ def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
 ) -> None:
     # a worker writing many sessions keeps the rows of the latest ones, not of every one
     from loomflow.projections import sqlite as sql
+    from loomflow.projections.sqlite import writes
     from loomflow.schemas import utcnow
     from loomflow.schemas.sessions import SessionRecord
 
-    monkeypatch.setattr(sql, "KNOWN_ROWS", 3)
+    monkeypatch.setattr(writes, "KNOWN_ROWS", 3)
     now = utcnow()
 
-    def rows(*names: str) -> dict[tuple[str | None, str], SessionRecord]:
-        return {(None, n): SessionRecord(None, n, created_at=now, updated_at=now) for n in names}
+    def rows(*names: str) -> dict[Scope, SessionRecord]:
+        return {Scope(n): SessionRecord(None, n, created_at=now, updated_at=now) for n in names}
 
     known = sql.KnownRows()
     known.remember(rows("a", "b", "c", "d"))
-    assert [k[1] for k in known.rows] == ["b", "c", "d"]
+    assert [k.session_id for k in known.rows] == ["b", "c", "d"]
     known.remember(rows("b"))  # written again: the latest
     known.remember(rows("e"))
-    assert [k[1] for k in known.rows] == ["d", "b", "e"]
+    assert [k.session_id for k in known.rows] == ["d", "b", "e"]

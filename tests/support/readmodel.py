@@ -68,11 +68,11 @@ async def fold_of(events: list[Event]) -> Snapshot:
 def snapshot_of(store: InProcStore) -> Snapshot:
     """The read model an in-process store folded, in the shape ``in_postgres`` reads."""
     snapshot: Snapshot = {}
-    for key, entry in store._sessions.items():
-        snapshot[key] = {
+    for scope, entry in store._memory.sessions.items():
+        snapshot[(scope.user_id, scope.session_id)] = {
             "session": asdict(entry.row),
-            "checkpoints": [asdict(c) for c in entry.model.checkpoints],
-            "steps": {k: asdict(v) for k, v in entry.model.steps.items()},
+            "checkpoints": [asdict(c) for c in entry.checkpoints],
+            "steps": {k: asdict(v) for k, v in entry.steps.items()},
             "events": [(e.seq, e.event_id) for e in entry.log],
         }
     return snapshot

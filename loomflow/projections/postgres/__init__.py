@@ -3,9 +3,9 @@
 Functions here are coroutines taking an asyncpg connection (and the schema) and run
 inside the caller's transaction; the PostgreSQL store and the Kafka projector both call
 them. ``schema``: tables, migrations, the schema's name; ``tables``: how rows map to
-columns; ``writes``: folding batches of events into the log and read model, prune;
-``reads``: queries; ``consumers``: what the log's consumers keep (positions, dead
-letters, heartbeats, notifications).
+columns; ``writes``: its dialect of the apply step (projections/apply.py), folding
+batches of events into the log and read model, prune; ``reads``: queries; ``consumers``:
+what the log's consumers keep (positions, dead letters, heartbeats, notifications).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from loomflow.projections.postgres.schema import (
     store_error,
 )
 from loomflow.projections.postgres.writes import (
+    PostgresDialect,
     apply,
     apply_events,
     commit_round,
@@ -60,6 +61,7 @@ from loomflow.projections.postgres.writes import (
 __all__ = [
     "SCHEMA_VERSION",
     "DeadLetterRow",
+    "PostgresDialect",
     "ProcessorRow",
     "add_dead_letters",
     "apply",

@@ -23,13 +23,13 @@ from loomflow.projections.postgres.schema import quoted
 from loomflow.projections.postgres.tables import (
     SESSION_COLUMNS,
     matching,
-    uid,
 )
 from loomflow.projections.rows import (
     checkpoint_from_row,
     decoded_events,
     event_from_row,
     session_from_row,
+    stored_user,
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
@@ -60,7 +60,7 @@ async def load_session(
     row = await conn.fetchrow(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
         "WHERE user_id = $1 AND session_id = $2",
-        uid(user_id),
+        stored_user(user_id),
         session_id,
     )
     return None if row is None else session_from_row(row)
@@ -84,7 +84,7 @@ async def list_sessions(
         args.append(status)
         where.append(f"status = ${len(args)}")
     if not any_user:
-        args.append(uid(user_id))
+        args.append(stored_user(user_id))
         where.append(f"user_id = ${len(args)}")
     if parent_session_id is not None:
         args.append(parent_session_id)
@@ -163,14 +163,14 @@ async def get_checkpoint(
         row = await conn.fetchrow(
             f"SELECT {_CHECKPOINT_COLUMNS} FROM {s}.checkpoints WHERE user_id = $1 "
             "AND session_id = $2 ORDER BY seq DESC LIMIT 1",
-            uid(user_id),
+            stored_user(user_id),
             session_id,
         )
     else:
         row = await conn.fetchrow(
             f"SELECT {_CHECKPOINT_COLUMNS} FROM {s}.checkpoints WHERE user_id = $1 "
             "AND session_id = $2 AND checkpoint_id = $3",
-            uid(user_id),
+            stored_user(user_id),
             session_id,
             checkpoint_id,
         )
@@ -184,7 +184,7 @@ async def list_checkpoints(
     rows = await conn.fetch(
         f"SELECT {_CHECKPOINT_COLUMNS} FROM {quoted(schema)}.checkpoints WHERE user_id = $1 "
         "AND session_id = $2 ORDER BY seq DESC LIMIT $3",
-        uid(user_id),
+        stored_user(user_id),
         session_id,
         limit,
     )
@@ -198,7 +198,7 @@ async def get_step(
     row = await conn.fetchrow(
         f"SELECT input_hash, seq, value::text, serializer, at FROM {quoted(schema)}.steps "
         "WHERE user_id = $1 AND session_id = $2 AND step_key = $3",
-        uid(user_id),
+        stored_user(user_id),
         session_id,
         step_key,
     )
@@ -224,7 +224,7 @@ async def read_events(
         f"SELECT user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload::text "
         f"FROM {quoted(schema)}.events WHERE user_id = $1 AND session_id = $2 "
         "AND seq >= $3 AND seq <= $4 ORDER BY seq",
-        uid(user_id),
+        stored_user(user_id),
         session_id,
         lo,
         hi,
@@ -240,7 +240,7 @@ async def transcript_payloads(
         f"SELECT seq, payload::text FROM {quoted(schema)}.events WHERE user_id = $1 "
         "AND session_id = $2 AND seq >= $3 AND seq <= $4 AND type = ANY($5::text[]) "
         "ORDER BY seq",
-        uid(user_id),
+        stored_user(user_id),
         session_id,
         lo,
         hi,
@@ -262,7 +262,7 @@ async def latest_snapshots(
         f"SELECT c.user_id, c.session_id, {', '.join('c.' + n for n in _CHECKPOINT_NAMES)} "
         f"FROM {s}.checkpoints c JOIN unnest($1::text[], $2::text[], $3::text[]) AS w(u, s, id) "
         "ON c.user_id = w.u AND c.session_id = w.s AND c.checkpoint_id = w.id",
-        [uid(w[0]) for w in wanted],
+        [stored_user(w[0]) for w in wanted],
         [w[1] for w in wanted],
         [w[2] for w in wanted],
     )

@@ -9,9 +9,9 @@ from typing import Any
 from loomflow.projections.fold import (
     PruneFilter,
 )
-from loomflow.projections.rows import control_json
+from loomflow.projections.rows import control_json, stored_user
 from loomflow.schemas import Event
-from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.scope import Scoped
 
 __all__ = [
     "LOG_COLUMNS",
@@ -19,20 +19,16 @@ __all__ = [
     "SESSION_KEY",
     "SESSION_ROW_COLUMNS",
     "Columns",
+    "StoredKey",
     "arrays",
     "by_scope",
     "insert_sql",
     "matching",
     "payload_json",
-    "uid",
 ]
 
 
 # -- sessions and the log ------------------------------------------------------------------
-
-
-def uid(user_id: str | None) -> str:
-    return "" if user_id is None else user_id
 
 
 def payload_json(event: Event) -> str:
@@ -45,7 +41,7 @@ def payload_json(event: Event) -> str:
 Columns = tuple[tuple[str, str, Callable[[Any], object]], ...]
 
 LOG_COLUMNS: Columns = (
-    ("user_id", "text", lambda e: uid(e.user_id)),
+    ("user_id", "text", lambda e: stored_user(e.user_id)),
     ("session_id", "text", lambda e: e.session_id),
     ("seq", "bigint", lambda e: e.seq),
     ("type", "text", lambda e: e.type),
@@ -57,7 +53,7 @@ LOG_COLUMNS: Columns = (
     ("payload", "json", lambda e: payload_json(e)),  # last: _write may pass it as given
 )
 SESSION_ROW_COLUMNS: Columns = (
-    ("user_id", "text", lambda r: uid(r.user_id)),
+    ("user_id", "text", lambda r: stored_user(r.user_id)),
     ("session_id", "text", lambda r: r.session_id),
     ("status", "text", lambda r: r.status),
     ("last_seq", "bigint", lambda r: r.last_seq),
@@ -105,10 +101,14 @@ def arrays(columns: Columns, rows: Sequence[Any]) -> list[list[object]]:
     return [[value(row) for row in rows] for _, _, value in columns]
 
 
-def by_scope(row: Event | SessionRecord) -> tuple[str, str]:
+#: a session as the tables key it: (user as stored, session id)
+StoredKey = tuple[str, str]
+
+
+def by_scope(row: Scoped) -> StoredKey:
     # rows written in key order: two batches creating the same new sessions wait on each
     # other in the same order instead of deadlocking
-    return uid(row.user_id), row.session_id
+    return stored_user(row.user_id), row.session_id
 
 
 def matching(match: PruneFilter, args: list[Any]) -> str:
@@ -118,6 +118,6 @@ def matching(match: PruneFilter, args: list[Any]) -> str:
         args.append(match.session_id)
         where.append(f"session_id = ${len(args)}")
     if not match.any_user:
-        args.append(uid(match.user_id))
+        args.append(stored_user(match.user_id))
         where.append(f"user_id = ${len(args)}")
     return " AND ".join(where)

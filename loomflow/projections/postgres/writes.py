@@ -15,8 +15,10 @@ from loomflow.errors import (
     LoomflowError,
     SequenceConflictError,
 )
+from loomflow.projections.apply import NewRows, Seq, StoredRows, apply_batch_async
 from loomflow.projections.fold import (
     AddTranscript,
+    Change,
     DeleteCheckpoints,
     EraseSession,
     Mutation,
@@ -24,9 +26,6 @@ from loomflow.projections.fold import (
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
-    SessionKey,
-    maybe_redelivered,
-    project,
 )
 from loomflow.projections.postgres.schema import quoted
 from loomflow.projections.postgres.tables import (
@@ -35,18 +34,20 @@ from loomflow.projections.postgres.tables import (
     SESSION_KEY,
     SESSION_ROW_COLUMNS,
     Columns,
+    StoredKey,
     arrays,
     by_scope,
     insert_sql,
     matching,
     payload_json,
-    uid,
 )
-from loomflow.projections.rows import session_from_row
+from loomflow.projections.rows import session_from_row, stored_user
 from loomflow.schemas import Event
+from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "PostgresDialect",
     "apply",
     "apply_events",
     "commit_round",
@@ -60,9 +61,10 @@ _COPY_FROM = 64
 
 
 async def _lock_sessions(
-    conn: asyncpg.Connection, schema: str, keys: list[tuple[str, str]]
-) -> dict[SessionKey, SessionRecord]:
+    conn: asyncpg.Connection, schema: str, scopes: Sequence[Scope]
+) -> dict[Scope, SessionRecord]:
     # locked in key order: two batches touching the same sessions cannot deadlock
+    keys = sorted(by_scope(scope) for scope in scopes)
     rows = await conn.fetch(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions "
         "WHERE (user_id, session_id) IN (SELECT * FROM unnest($1::text[], $2::text[])) "
@@ -71,7 +73,7 @@ async def _lock_sessions(
         [k[1] for k in keys],
     )
     loaded = (session_from_row(row) for row in rows)
-    return {(r.user_id, r.session_id): r for r in loaded}
+    return {scope_of(r): r for r in loaded}
 
 
 async def save_sessions(
@@ -111,7 +113,7 @@ async def _write(
                 columns=[name for name, _, _ in LOG_COLUMNS],
                 records=[
                     (
-                        uid(e.user_id),
+                        stored_user(e.user_id),
                         e.session_id,
                         e.seq,
                         e.type,
@@ -144,19 +146,20 @@ async def _write(
 
 
 async def _stored_event_ids(
-    conn: asyncpg.Connection, schema: str, wanted: list[tuple[str | None, str, int]]
-) -> dict[tuple[str | None, str, int], str]:
-    if not wanted:
-        return {}
+    conn: asyncpg.Connection, schema: str, wanted: Sequence[Seq]
+) -> dict[Seq, str]:
     rows = await conn.fetch(
         f"SELECT user_id, session_id, seq, event_id FROM {quoted(schema)}.events "
         "WHERE (user_id, session_id, seq) IN "
         "(SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[]))",
-        [uid(w[0]) for w in wanted],
-        [w[1] for w in wanted],
-        [w[2] for w in wanted],
+        [stored_user(scope.user_id) for scope, _ in wanted],
+        [scope.session_id for scope, _ in wanted],
+        [seq for _, seq in wanted],
     )
-    return {(r[0] or None, r[1], r[2]): r[3] for r in rows}
+    asked = {
+        (stored_user(scope.user_id), scope.session_id, seq): (scope, seq) for scope, seq in wanted
+    }
+    return {asked[(r[0], r[1], r[2])]: r[3] for r in rows}
 
 
 async def apply_events(
@@ -178,26 +181,45 @@ async def apply_events(
     size: the log rows, the session rows and each kind of read-model change are written
     in one statement each.
     """
-    keys = sorted({(uid(e.user_id), e.session_id) for e in events})
-    if not keys:
-        return
-    rows = await _lock_sessions(conn, schema, keys)
-    stored = await _stored_event_ids(conn, schema, maybe_redelivered(rows, events))
-    changed, changes = project(rows, events, stored)
-    written: list[Event] = []
-    pending: dict[SessionKey, list[Mutation]] = {}
-    for change in changes:
-        key = (change.event.user_id, change.event.session_id)
-        queue = pending.setdefault(key, [])
-        for mutation in change.mutations:
-            if isinstance(mutation, EraseSession):  # all of the session goes, written or not
-                written = [e for e in written if (e.user_id, e.session_id) != key]
-                queue.clear()
-            if not isinstance(mutation, AddTranscript):  # the log row is the transcript
-                queue.append(mutation)
-        written.append(change.event)
-    await _apply_in_waves(conn, schema, pending)
-    await _write(conn, schema, written, list(changed.values()), payloads or {})
+    if events:
+        await apply_batch_async(PostgresDialect(conn, schema, payloads or {}), events)
+
+
+class PostgresDialect:
+    """The apply step's reads and writes in a PostgreSQL schema (see projections/apply.py),
+    in the caller's transaction: the rows read are locked, a batch's mutations go in waves
+    of one statement per kind, its log rows by COPY once it is large."""
+
+    def __init__(self, conn: asyncpg.Connection, schema: str, payloads: Mapping[int, str]) -> None:
+        self.conn = conn
+        self.schema = schema
+        self.payloads = payloads
+
+    async def rows(self, scopes: Sequence[Scope]) -> dict[Scope, SessionRecord]:
+        """The rows of these sessions, locked (FOR UPDATE) in key order."""
+        return await _lock_sessions(self.conn, self.schema, scopes)
+
+    async def event_ids(self, wanted: Sequence[Seq]) -> dict[Seq, str]:
+        """The id of the event the log holds at each of these seqs, in one query."""
+        return await _stored_event_ids(self.conn, self.schema, wanted)
+
+    async def write(self, changes: Sequence[Change], rows: NewRows, before: StoredRows) -> None:
+        """The batch's mutations in waves, then its log rows and session rows together."""
+        written: list[Event] = []
+        pending: dict[StoredKey, list[Mutation]] = {}
+        for change in changes:
+            event = change.event
+            key = (stored_user(event.user_id), event.session_id)
+            queue = pending.setdefault(key, [])
+            for mutation in change.mutations:
+                if isinstance(mutation, EraseSession):  # all of the session goes, written or not
+                    written = [e for e in written if by_scope(e) != key]
+                    queue.clear()
+                if not isinstance(mutation, AddTranscript):  # the log row is the transcript
+                    queue.append(mutation)
+            written.append(event)
+        await _apply_in_waves(self.conn, self.schema, pending)
+        await _write(self.conn, self.schema, written, list(rows.values()), self.payloads)
 
 
 async def commit_round(
@@ -227,7 +249,8 @@ async def commit_round(
 
 # -- mutations -----------------------------------------------------------------------
 
-_Wave = list[tuple[tuple[str, str], Mutation]]
+#: mutations of one kind, each of a session's (user as stored, session id)
+_Wave = list[tuple[StoredKey, Mutation]]
 
 
 async def apply(
@@ -238,11 +261,11 @@ async def apply(
     mutation: Mutation,
 ) -> None:
     """Apply one fold mutation inside the caller's transaction."""
-    await _apply_wave(conn, schema, [((uid(user_id), session_id), mutation)])
+    await _apply_wave(conn, schema, [((stored_user(user_id), session_id), mutation)])
 
 
 async def _apply_in_waves(
-    conn: asyncpg.Connection, schema: str, pending: dict[SessionKey, list[Mutation]]
+    conn: asyncpg.Connection, schema: str, pending: dict[StoredKey, list[Mutation]]
 ) -> None:
     # Mutations of different sessions commute; only each session's own order matters. So
     # a wave takes the next mutations of every session whose next one is of the same kind,
@@ -251,11 +274,7 @@ async def _apply_in_waves(
     # run of new checkpoints goes in one wave, and its retentions with the same ``keep``
     # collapse into the last one: keeping the newest k after each insert leaves what
     # keeping them once after the last insert does.
-    queues = {
-        (uid(user), sid): deque(_collapse(queue))
-        for (user, sid), queue in sorted(pending.items(), key=lambda item: _by_key(item[0]))
-        if queue
-    }
+    queues = {key: deque(_collapse(queue)) for key, queue in sorted(pending.items()) if queue}
     while queues:
         kind = Counter(type(q[0]) for q in queues.values()).most_common(1)[0][0]
         wave: _Wave = []
@@ -267,10 +286,6 @@ async def _apply_in_waves(
                 wave.append((key, q.popleft()))  # distinct rows: one insert takes them all
         await _apply_wave(conn, schema, wave)
         queues = {key: q for key, q in queues.items() if q}
-
-
-def _by_key(key: SessionKey) -> tuple[str, str]:
-    return uid(key[0]), key[1]
 
 
 def _collapse(queue: list[Mutation]) -> list[Mutation]:
@@ -293,7 +308,7 @@ def _collapse(queue: list[Mutation]) -> list[Mutation]:
     return out
 
 
-#: rows of a wave are ((user id, session id), mutation)
+#: rows of a wave are ((user as stored, session id), mutation)
 _CHECKPOINT_ROW_COLUMNS: Columns = (
     ("user_id", "text", lambda w: w[0][0]),
     ("session_id", "text", lambda w: w[0][1]),

@@ -1,4 +1,5 @@
-"""A SQLite connection that lives on its own thread, for consumers of an embedded log.
+"""A SQLite connection that lives on its own thread, for the store and the consumers of
+an embedded log.
 
 sqlite3 blocks, and a connection belongs to the thread that made it: every call goes to
 one worker thread, so the event loop never waits on disk.
