@@ -69,13 +69,7 @@ class AsyncDialect(Protocol):
 
 def scopes(events: Iterable[Event]) -> list[Scope]:
     """The sessions of a batch's events, each once, in the order they first come."""
-    # keyed by tuples: a Scope's hash and == are Python calls (see fold.py: _Key)
-    seen: dict[tuple[str | None, str], Scope] = {}
-    for event in events:
-        key = (event.user_id, event.session_id)
-        if key not in seen:
-            seen[key] = scope_of(event)
-    return list(seen.values())
+    return list(dict.fromkeys(scope_of(event) for event in events))
 
 
 def apply_batch(dialect: Dialect, events: Sequence[Event]) -> dict[Scope, SessionRecord]:

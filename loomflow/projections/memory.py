@@ -23,7 +23,7 @@ from loomflow.projections.fold import (
     materialise,
 )
 from loomflow.schemas import Event, Message, StepRecorded
-from loomflow.schemas.scope import Scope
+from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["MemoryLog", "MemorySession", "apply"]
@@ -94,17 +94,15 @@ class MemoryLog:
 
     def write(self, changes: Sequence[Change], rows: NewRows, before: StoredRows) -> None:
         """Append each change's event and apply its mutations, then keep the new rows."""
-        # by (user, session) within the batch, as the fold keys it (see fold.py: _Key)
-        held: dict[tuple[str | None, str], MemorySession] = {}
         for scope, row in rows.items():
             session = self.sessions.get(scope)
             if session is None:
-                session = self.sessions[scope] = MemorySession(row)
-            session.row = row
-            held[(scope.user_id, scope.session_id)] = session
+                self.sessions[scope] = MemorySession(row)
+            else:
+                session.row = row
         for change in changes:
             event = change.event
-            session = held[(event.user_id, event.session_id)]
+            session = self.sessions[scope_of(event)]
             for mutation in change.mutations:
                 apply(session, mutation)  # an erasure empties the log before its own event
             session.log.append(event)

@@ -68,11 +68,24 @@ class Scoped(Protocol):
 def scope_of(item: Scoped) -> Scope:
     """The scope of an event or a session's row, whose ids were checked when it was made.
 
-    Built without checking them again: stores key their rows by scope and make one for
-    every event they append or consume (a third of what ``Scope(...)`` costs).
+    Stores key their rows by scope and make one for every event they append or consume,
+    so this one is cheap: the ids are not checked again, and a session's scope is made
+    once and then handed out again (up to ``_MAX_KNOWN`` sessions): a dict lookup keyed
+    by the same object never calls ``__eq__``.
     """
-    scope = object.__new__(Scope)
-    fields = scope.__dict__
-    fields["session_id"] = item.session_id
-    fields["user_id"] = item.user_id
+    key = (item.user_id, item.session_id)
+    scope = _known.get(key)
+    if scope is None:
+        if len(_known) >= _MAX_KNOWN:
+            _known.clear()  # the sessions still in use are made again as they come
+        scope = object.__new__(Scope)
+        fields = scope.__dict__
+        fields["session_id"] = item.session_id
+        fields["user_id"] = item.user_id
+        _known[key] = scope
     return scope
+
+
+#: how many sessions' scopes ``scope_of`` keeps (a few MB at most: ids are short)
+_MAX_KNOWN = 4096
+_known: dict[tuple[str | None, str], Scope] = {}

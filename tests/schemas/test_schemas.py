@@ -178,3 +178,18 @@ def test_unknown_tags_are_corrupt_records() -> None:
 def test_input_hash_is_stable_and_order_insensitive_for_keys() -> None:
     assert input_hash({"a": 1, "b": 2}) == input_hash({"b": 2, "a": 1})
     assert input_hash([1, 2]) != input_hash([2, 1])
+
+
+def test_the_scope_of_an_event_is_the_scope_a_caller_makes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # stores key their rows by scope_of(event) and callers look them up by Scope(...)
+    from loomflow.schemas import RunStarted, Scope
+    from loomflow.schemas import scope as scopes
+
+    monkeypatch.setattr(scopes, "_MAX_KNOWN", 2)
+    rows = {}
+    for user in (None, "alice", "bob"):  # the third fills the kept scopes: made again
+        event = RunStarted(user_id=user, session_id="s1", run_id="r", seq=1, epoch=1)
+        rows[scopes.scope_of(event)] = user
+        assert scopes.scope_of(event) == Scope("s1", user)
+    assert rows == {Scope("s1"): None, Scope("s1", "alice"): "alice", Scope("s1", "bob"): "bob"}
+    assert Scope("s1", "alice") != Scope("s1") and Scope("s1") != ("s1", None)
