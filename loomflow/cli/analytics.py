@@ -15,10 +15,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import add_loglevel, parse_when
+from loomflow.cli.options import Refused, add_loglevel, parse_when
 from loomflow.cli.stores import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
+    from loomflow.analytics.report import ReadModel
     from loomflow.analytics.tally import Counters, Stats
 
 __all__ = ["NAMES", "add_parser"]
@@ -54,9 +55,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     report = commands.add_parser(
         "report",
         help="write the analytics as one self-contained HTML page with charts",
-        description="Write one HTML page (no network needed to open it): cost and tokens "
-        "over time, per model and per user, tool calls and the slowest sessions. A period "
-        f"with no runs gets a page that says so. {where}",
+        description="Write one HTML page (no network needed to open it): cost, tokens and "
+        "model-call latency over time, cost and tokens per model and per user (one colour "
+        "per model, user and token kind on the whole page), tool calls and the slowest "
+        "sessions; the failed and stuck runs with their errors, and the transcript of each "
+        "session it names, from the read model (the journal's with --db, else PostgreSQL's). "
+        f"A period with no runs gets a page that says so. {where}",
     )
     report.add_argument(
         "--html",
@@ -241,8 +245,13 @@ def _report(args: argparse.Namespace) -> int:
     stats = _load(args, "report")
     if stats is None:
         return 1
+    model: ReadModel | None = None
+    if not stats.empty:  # no runs in the period: nothing failed in it, no session to show
+        model = _read_model(args, stats)
+        if model is None:
+            return 1
     try:
-        write_report(args.html, stats, since=args.since)
+        write_report(args.html, stats, since=args.since, read_model=model)
     except OSError as exc:
         print(f"loomflow report: cannot write {args.html}: {exc}", file=sys.stderr)
         return 1
@@ -256,6 +265,34 @@ def _report(args: argparse.Namespace) -> int:
             f"hours: {hours}, cost: ${total.cost_usd:,.6f})"
         )
     return 0
+
+
+def _read_model(args: argparse.Namespace, stats: Stats) -> ReadModel | None:
+    """What the report shows of the read model (failed and stuck runs, transcripts), read
+    through the runtime over the store of --db or the LOOMFLOW_* settings; None after
+    printing why it cannot be read."""
+    import asyncio
+
+    from loomflow.analytics.report import read_model
+    from loomflow.errors import LoomflowError
+
+    source = Source.of(args.db)
+    if source is None:
+        return None
+    if source.settings is None:
+        where = f"the journal {args.db}"
+    else:  # the schema, never the DSN: it may hold a password
+        where = f"PostgreSQL schema {source.settings.db_schema}"
+
+    async def read() -> ReadModel:
+        async with source.runtime("read") as runtime:
+            return await read_model(runtime, stats, source=where, since=args.since)
+
+    try:
+        return asyncio.run(read())
+    except (LoomflowError, Refused) as exc:
+        print(f"loomflow report: the read model of {where}: {exc}", file=sys.stderr)
+        return None
 
 
 def _journal_files(args: argparse.Namespace) -> dict[str, Path]:

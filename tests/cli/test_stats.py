@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 import json
 import logging
 import os
@@ -27,7 +28,8 @@ from loomflow.cli import main
 from loomflow.errors import StoreError
 from loomflow.log.reader import committed_offsets
 from loomflow.models import ScriptedModel
-from loomflow.runtime import SqliteRuntime
+from loomflow.runtime import ANY_USER, SqliteRuntime
+from loomflow.runtime.postgres import PostgresStore
 from tests.support.analytics import (
     expected_sums,
     log_events,
@@ -363,7 +365,7 @@ async def _topic_events(env: KafkaEnv) -> list[tuple[bytes | None, bytes | None]
 
 @pytest.mark.kafka
 async def test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic(
-    kafka_env: KafkaEnv,
+    kafka_env: KafkaEnv, tmp_path: Path
 ) -> None:
     env = kafka_env
     analytics = ProcessorProcess(env.variables(), argv=_analytics_command())
@@ -457,12 +459,55 @@ async def test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic(
         assert {k: v for k, v in reported(data).items() if k != "per_model_tokens"} == {
             k: v for k, v in expected.items() if k != "per_model_tokens"
         }
+        await _report_at_scale(env, everything, tmp_path / "report.html")
         output = analytics.output()
         assert "does not decode" in output or "invalid event" in output, output[-3000:]
         assert "is not its event's session" in output and "writer epoch 0" in output
     finally:
         output = analytics.stop()
     assert "Traceback" not in output, output[-3000:]
+
+
+async def _report_at_scale(
+    env: KafkaEnv, records: list[tuple[bytes | None, bytes | None]], page: Path
+) -> None:
+    """`loomflow report` without --db: the tables the app keeps, and the failed runs with
+    their errors and transcripts from the PostgreSQL read model the projector keeps."""
+    failed = [
+        e
+        for e in (orjson.loads(v) for _, v in records if v and v.startswith(b"{"))
+        if e["type"] == "run.failed"
+    ]
+    assert len(failed) == 2  # bob's, then cy's
+    store = PostgresStore.from_settings(env.settings, max_size=1, create=False)
+    try:
+
+        async def projected() -> bool:
+            rows = await store.list_sessions(user_id=ANY_USER, status="failed")
+            return len(rows) == len(failed)
+
+        await eventually(projected, what="the projector to apply the failed runs")
+    finally:
+        await store.close()
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [str(Path(sys.executable).parent / "loomflow"), "report", "--html", str(page)],
+        env=_user_env(env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = await asyncio.to_thread(page.read_text)
+    assert f"read model: PostgreSQL schema {env.schema}" in text
+    assert env.dsn not in text  # its password with it
+    table = text[text.index('<table id="failed-runs">') :]
+    table = table[: table.index("</table>")]
+    for event in failed:
+        error = f"{event['payload']['error_type']}: {event['payload']['error']}"
+        anchor = f"session/{event['user_id']}/{event['session_id']}"
+        assert html.escape(error) in table and f'href="#{anchor}"' in table, event
+        assert f'<section class="transcript" id="{anchor}">' in text, anchor
 
 
 def _reported_stats(stats: Stats) -> dict[str, Any]:

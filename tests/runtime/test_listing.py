@@ -12,18 +12,13 @@ from loomflow import Agent, Tuning
 from loomflow.models import ScriptedModel
 from loomflow.runtime import ANY_USER, DatabaseStore, Runtime, Scope
 from loomflow.schemas.sessions import SessionRecord
-from tests.support.backends import BACKENDS, Backend
+from tests.support.backends import SQL_BACKENDS, backend_runtime
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(params=SQL_BACKENDS)
 async def runtime(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Runtime]:
-    backend: Backend = BACKENDS[request.param](tmp_path)
-    await backend.open()
-    try:
-        async with backend.runtime() as opened:
-            yield opened
-    finally:
-        await backend.close()
+    async with backend_runtime(request.param, tmp_path) as opened:
+        yield opened
 
 
 def _agent(runtime: Runtime) -> Agent:

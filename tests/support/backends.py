@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import asyncpg
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from loomflow.processors import Projector
@@ -148,3 +150,19 @@ BACKENDS: dict[str, Callable[[Path], Backend]] = {
     "postgres": postgres_backend,
     "sqlite": sqlite_backend,
 }
+
+
+#: the runtimes over each SQL dialect's read model, as a fixture's params
+SQL_BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@asynccontextmanager
+async def backend_runtime(name: str, tmp_path: Path) -> AsyncIterator[Runtime]:
+    """A runtime, open, on storage of the backend ``name`` that is torn down after it."""
+    backend = BACKENDS[name](tmp_path)
+    await backend.open()
+    try:
+        async with backend.runtime() as opened:
+            yield opened
+    finally:
+        await backend.close()
