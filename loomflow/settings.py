@@ -217,6 +217,11 @@ class Settings(BaseSettings):
         return f"{self.processor_id}-analytics"
 
     @property
+    def otel_group(self) -> str:
+        """The consumer group of ``loomflow otel`` (its positions in the log)."""
+        return f"{self.processor_id}-otel"
+
+    @property
     def events_topic(self) -> str:
         return f"{self.topic_prefix}.events"
 

@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 
 #: the modules of the commands: each has ``NAMES`` (the commands it adds),
 #: ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
-_MODULES: tuple[str, ...] = ("analytics", "audit", "service", "sessions", "tail", "worker")
+_MODULES: tuple[str, ...] = ("analytics", "audit", "otel", "service", "sessions", "tail", "worker")
 
 
 def _command_modules() -> list[CommandModule]:

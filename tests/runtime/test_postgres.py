@@ -95,6 +95,7 @@ async def test_two_processes_migrating_at_once_both_succeed(dsn: str, schema: st
         "schema_migrations",
         "audit_entries",
         "audit_rejects",
+        "otel_sessions",
     }
 
 

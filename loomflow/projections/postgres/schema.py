@@ -39,7 +39,7 @@ logger = logging.getLogger("loomflow.projections.postgres")
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
@@ -159,6 +159,17 @@ _MIGRATIONS: dict[int, str] = {
     # (found by the log fuzzer), and refuses \u0000
     5: """
     ALTER TABLE {s}.sessions ALTER COLUMN control TYPE json USING control::json;
+    """,
+    # what `loomflow otel` keeps of each session between two batches (loomflow/otel/state.py:
+    # how far it read the session, the span of its run in flight); its position is the
+    # otel group's committed offsets
+    6: """
+    CREATE TABLE {s}.otel_sessions (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        state json NOT NULL,
+        PRIMARY KEY (user_id, session_id)
+    );
     """,
 }
 
