@@ -4,7 +4,7 @@
   tool calls, tokens, cost, latency), per hour, model and user; :class:`Stats` is what a
   reader gets back.
 - ``embedded``: the embedded half, tables in a SQLite file beside the journal, updated
-  from the log by position.
+  from the log by position (the file's SQL and migrations: ``projections/sqlite/stats.py``).
 - ``app``: the Kafka half, a faust app with its own consumer group and the reader of its
   table (needs the ``[kafka]`` extra; loaded only when named).
 - ``report``: one self-contained HTML page of either half's tables (``[report]`` extra).

@@ -6,7 +6,8 @@ position (``log.reader``) from where it stopped, counts each batch with
 the next position, in one transaction: running it again adds nothing, and a crash between
 two batches loses nothing. A record that does not decode, or that :func:`admit` refuses,
 is counted as skipped and its reason logged (and kept in ``stats_skipped``); it never stops
-the update. :func:`load` reads the tables back as :class:`Stats`.
+the update. :func:`load` reads the tables back as :class:`Stats`. The file's tables, their
+migrations and statements are the SQLite dialect's (``projections/sqlite/stats.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ from loomflow.analytics.tally import (
 from loomflow.errors import StoreError
 from loomflow.log.reader import LogRecord, drain, require_log, sqlite_reader
 from loomflow.projections.rows import stored_user as _uid
-from loomflow.projections.sqlite import SqliteThread, open_own
+from loomflow.projections.sqlite import SqliteThread, immediate
+from loomflow.projections.sqlite import stats as sql
 from loomflow.schemas.clock import utcnow
 
 __all__ = ["Progress", "load", "stats_path", "update"]
@@ -44,47 +46,8 @@ logger = logging.getLogger("loomflow.analytics.embedded")
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
-
+#: the counter columns of stats_hourly, as projections/sqlite/stats.py's migrations made them
 _COUNTER_COLUMNS = (*COUNTS, *SUMS)
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS stats_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
--- where the next read of the log starts (SQLite's log has one partition, 0)
-CREATE TABLE IF NOT EXISTS stats_positions (
-    partition INTEGER PRIMARY KEY,
-    next_offset INTEGER NOT NULL
-);
--- per UTC hour, model and user; latency is a log-scale histogram (JSON: bucket -> count),
--- tools maps each tool's name to its calls
-CREATE TABLE IF NOT EXISTS stats_hourly (
-    hour TEXT NOT NULL,
-    model TEXT NOT NULL,
-    user_id TEXT NOT NULL,
-    {", ".join(f"{c} {'REAL' if c in SUMS else 'INTEGER'} NOT NULL" for c in _COUNTER_COLUMNS)},
-    latency TEXT NOT NULL,
-    tools TEXT NOT NULL,
-    PRIMARY KEY (hour, model, user_id)
-) WITHOUT ROWID;
--- per session: how far it was counted (the rules of admit) and its totals; an erased
--- session keeps its mark and loses its totals
-CREATE TABLE IF NOT EXISTS stats_sessions (
-    user_id TEXT NOT NULL,
-    session_id TEXT NOT NULL,
-    last_seq INTEGER NOT NULL,
-    epoch INTEGER NOT NULL,
-    erased INTEGER NOT NULL,
-    totals TEXT,
-    PRIMARY KEY (user_id, session_id)
-) WITHOUT ROWID;
--- every record that did not count, with why
-CREATE TABLE IF NOT EXISTS stats_skipped (
-    position TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    at TEXT NOT NULL
-) WITHOUT ROWID;
-"""
 
 
 def stats_path(journal: Path) -> Path:
@@ -101,45 +64,10 @@ class Progress:
     skipped: int
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    if not path.parent.exists():
-        raise StoreError(f"directory {path.parent} does not exist for the stats database {path}")
-    try:
-        # a file holding other tables (the journal, its trail, another program's) is
-        # refused before the stats tables are written into it
-        conn = open_own(path, "stats_", "loomflow stats database", create=True)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA busy_timeout=30000")
-        conn.executescript(_SCHEMA)  # IF NOT EXISTS: safe when two processes open it at once
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"stats database {path}: {exc}") from exc
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        row = conn.execute("SELECT value FROM stats_meta WHERE key = 'schema_version'").fetchone()
-        if row is None:
-            conn.execute(
-                "INSERT INTO stats_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-        elif int(row[0]) != SCHEMA_VERSION:
-            raise StoreError(
-                f"stats database {path} has schema version {row[0]}, this loomflow reads "
-                f"{SCHEMA_VERSION}: delete it and run loomflow stats again to rebuild it"
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 def _load_state(conn: sqlite3.Connection, tally: Tally, scopes: Iterable[ScopeKey]) -> None:
     """Marks and totals of ``scopes``, for the batch about to be counted."""
     for user_id, session_id in scopes:
-        row = conn.execute(
-            "SELECT last_seq, epoch, erased, totals FROM stats_sessions "
-            "WHERE user_id = ? AND session_id = ?",
-            (_uid(user_id), session_id),
-        ).fetchone()
+        row = sql.session_mark(conn, _uid(user_id), session_id)
         if row is None:
             continue
         tally.marks[(user_id, session_id)] = Mark(row[0], row[1], bool(row[2]))
@@ -154,24 +82,17 @@ def _save(
     positions: dict[int, int],
 ) -> None:
     """The batch's aggregates, skips and next positions: one transaction."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with immediate(conn):
+        hourly = []
         for (hour, model, user), added in tally.rows.items():
-            stored = conn.execute(
-                f"SELECT {', '.join(_COUNTER_COLUMNS)}, latency, tools FROM stats_hourly "
-                "WHERE hour = ? AND model = ? AND user_id = ?",
-                (hour, model, user),
-            ).fetchone()
+            stored = sql.hourly_row(conn, _COUNTER_COLUMNS, hour, model, user)
             total = added if stored is None else _counters(stored) + added
-            conn.execute(
-                f"INSERT OR REPLACE INTO stats_hourly VALUES "
-                f"(?, ?, ?, {', '.join('?' for _ in _COUNTER_COLUMNS)}, ?, ?)",
-                (hour, model, user, *_columns(total)),
-            )
+            hourly.append((hour, model, user, *_columns(total)))
+        sql.put_hourly(conn, _COUNTER_COLUMNS, hourly)
+        sessions = []
         for (user_id, session_id), mark in tally.marks.items():
             session = tally.sessions.get((user_id, session_id))
-            conn.execute(
-                "INSERT OR REPLACE INTO stats_sessions VALUES (?, ?, ?, ?, ?, ?)",
+            sessions.append(
                 (
                     _uid(user_id),
                     session_id,
@@ -179,19 +100,14 @@ def _save(
                     mark.epoch,
                     int(mark.erased),
                     None if session is None else orjson.dumps(session.to_json()).decode(),
-                ),
+                )
             )
-        conn.executemany(
-            "INSERT OR REPLACE INTO stats_skipped VALUES (?, ?, ?, ?)",
+        sql.put_sessions(conn, sessions)
+        sql.put_skipped(
+            conn,
             [(position, kind, reason, utcnow().isoformat()) for position, kind, reason in skips],
         )
-        conn.executemany(
-            "INSERT OR REPLACE INTO stats_positions VALUES (?, ?)", sorted(positions.items())
-        )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
+        sql.put_positions(conn, sorted(positions.items()))
 
 
 def _columns(counters: Counters) -> tuple[Any, ...]:
@@ -251,9 +167,9 @@ async def update(
         raise StoreError(f"no journal at {journal}: pass the SQLite file your runtime writes")
     await require_log(journal)  # before a stats database is made beside something else
     path = stats or stats_path(journal)
-    tables = SqliteThread(lambda: _connect(path), f"the stats database {path}")
+    tables = SqliteThread(lambda: sql.connect_stats(path), f"the stats database {path}")
     try:
-        start = dict(await tables.call(_positions))
+        start = dict(await tables.call(sql.positions))
         reader = sqlite_reader(journal, start=start or "beginning")
         records = counted = skipped = 0
         async with reader:
@@ -270,28 +186,18 @@ async def update(
         await tables.close()
 
 
-def _positions(conn: sqlite3.Connection) -> list[tuple[int, int]]:
-    return list(conn.execute("SELECT partition, next_offset FROM stats_positions"))
-
-
 def load(path: Path, *, source: str = "") -> Stats:
     """The tables of a stats database as :class:`Stats` (all hours; cut with ``since``)."""
-    conn = _connect(path)
+    conn = sql.connect_stats(path)
     try:
         rows = [
             Row(hour, model, user, _counters(tuple(rest)))
-            for hour, model, user, *rest in conn.execute(
-                f"SELECT hour, model, user_id, {', '.join(_COUNTER_COLUMNS)}, latency, tools "
-                "FROM stats_hourly ORDER BY hour, model, user_id"
-            )
+            for hour, model, user, *rest in sql.hourly_rows(conn, _COUNTER_COLUMNS)
         ]
         sessions = [
-            SessionStats.from_json(orjson.loads(totals))
-            for (totals,) in conn.execute(
-                "SELECT totals FROM stats_sessions WHERE totals IS NOT NULL"
-            )
+            SessionStats.from_json(orjson.loads(totals)) for totals in sql.session_totals(conn)
         ]
-        skipped = dict(conn.execute("SELECT kind, count(*) FROM stats_skipped GROUP BY kind"))
+        skipped = sql.skipped_counts(conn)
     finally:
         conn.close()
     return Stats.gather(rows, sessions, skipped, source or f"SQLite {path}")

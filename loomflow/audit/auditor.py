@@ -21,12 +21,12 @@ from loomflow.projections.chain import (
     Entry,
     Finding,
     Link,
-    ScopeKey,
     canonical,
     chain,
     note_body,
     verify,
 )
+from loomflow.schemas.scope import Scope
 
 __all__ = ["Auditor", "SessionCheck", "Verification", "link_of", "verify_trail"]
 
@@ -63,7 +63,7 @@ class Audited:
     records: int = 0
     entries: int = 0
     rejected: int = 0
-    sessions: set[ScopeKey] = field(default_factory=set)
+    sessions: set[Scope] = field(default_factory=set)
 
 
 class Auditor:
@@ -159,14 +159,14 @@ async def verify_trail(
     """Compare the trail's chains with the log read again from the beginning by
     ``fresh_reader``, up to the positions ``audited`` (partition -> next offset) that
     the trail has reached."""
-    chains: dict[ScopeKey, list[Entry]] = defaultdict(list)
+    chains: dict[Scope, list[Entry]] = defaultdict(list)
     for entry in await trail.entries(user_id, session_id):
         chains[entry.scope].append(entry)
     chained = {e.key for entries in chains.values() for e in entries}
     # records the audit kept among its rejects (a second copy of an event, say) are not
     # expected in any chain
     rejected = {reject.position for reject in await trail.rejects()}
-    log: dict[ScopeKey, list[Link]] = defaultdict(list)
+    log: dict[Scope, list[Link]] = defaultdict(list)
     held: set[tuple[int, int]] = set()
     undecodable: dict[str, str] = {}
     unaudited = 0
@@ -195,12 +195,12 @@ async def verify_trail(
         return where[1] < audited.get(where[0], 0) and where not in held
 
     checks = []
-    for scope in sorted(set(log) | set(chains), key=lambda s: (s[0] or "", s[1])):
+    for scope in sorted(set(log) | set(chains), key=lambda s: (s.user_id or "", s.session_id)):
         entries = chains.get(scope, [])
         checks.append(
             SessionCheck(
-                user_id=scope[0],
-                session_id=scope[1],
+                user_id=scope.user_id,
+                session_id=scope.session_id,
                 entries=len(entries),
                 erased=any(e.type == "session.erased" for e in entries),
                 pruned=sum(e.type == NOTE_TYPE for e in entries),
@@ -216,7 +216,7 @@ def _where(position: str) -> tuple[int, int]:
     return int(partition or 0), int(offset)
 
 
-def _selected(scope: ScopeKey, user_id: Any, session_id: str | None) -> bool:
-    return (user_id is ANY_USER or scope[0] == user_id) and (
-        session_id is None or scope[1] == session_id
+def _selected(scope: Scope, user_id: Any, session_id: str | None) -> bool:
+    return (user_id is ANY_USER or scope.user_id == user_id) and (
+        session_id is None or scope.session_id == session_id
     )

@@ -4,8 +4,9 @@ Audit, analytics, tail and the CLI are written once against :class:`LogReader`, 
 embedded default (a SQLite file) gets every consumer a Kafka user gets.
 
 - :func:`sqlite_reader` reads the ``loomflow_events`` table of a SQLite log by position,
-  with the notes ``store.prune`` leaves where it deleted rows. A consumer keeps its own
-  position (in its own database, with what it wrote) and passes it back as ``start``.
+  with the notes ``store.prune`` leaves where it deleted rows (the queries are the SQLite
+  dialect's, ``projections/sqlite/reads.py``). A consumer keeps its own position (in its
+  own database, with what it wrote) and passes it back as ``start``.
 - :func:`kafka_reader` reads the events topic, as a member of a consumer group whose
   committed offsets are its positions (``commit()``), or with no group, from the
   beginning or the end (``loomflow tail``).
@@ -29,7 +30,7 @@ import orjson
 
 from loomflow.errors import CorruptRecordError, InvalidEventError, StoreError
 from loomflow.lifecycle import Resource
-from loomflow.projections.sqlite import SqliteThread
+from loomflow.projections import sqlite as sql
 from loomflow.schemas import Event
 
 if TYPE_CHECKING:
@@ -143,12 +144,12 @@ class _SqliteReader(LogReader):
         self.source = f"SQLite log {path}"
         self._start = start
         self._after = 0 if not isinstance(start, dict) else start.get(0, 1) - 1
-        self._thread = SqliteThread(self._connect, f"the reader of {path}")
+        self._thread = sql.SqliteThread(self._connect, f"the reader of {path}")
 
     def _connect(self) -> sqlite3.Connection:
         conn = _open_log(self.path)
         if self._start == "end":
-            self._after = _last_position(conn)
+            self._after = sql.last_position(conn)
         return conn
 
     async def open(self) -> None:
@@ -167,20 +168,7 @@ class _SqliteReader(LogReader):
             await asyncio.sleep(min(_SQLITE_POLL_SECONDS, max(0.0, deadline - loop.time())))
 
     def _fetch(self, conn: sqlite3.Connection, limit: int) -> list[LogRecord]:
-        from loomflow.projections.sqlite import fetch_log_rows
-
-        rows = fetch_log_rows(
-            conn,
-            f"SELECT {_EVENT_COLUMNS} FROM loomflow_events WHERE position > ? "
-            "ORDER BY position LIMIT ?",
-            (self._after, limit),
-        )
-        notes = fetch_log_rows(
-            conn,
-            f"SELECT {_NOTE_COLUMNS} FROM loomflow_log_notes WHERE position > ? "
-            "ORDER BY position LIMIT ?",
-            (self._after, limit),
-        )
+        rows, notes = sql.log_rows_after(conn, self._after, limit)
         records = sorted(
             [_event_record(row) for row in rows] + [_note_record(row) for row in notes],
             key=lambda r: r.offset,
@@ -193,42 +181,20 @@ class _SqliteReader(LogReader):
         return {0: self._after + 1}
 
     async def at_end(self) -> bool:
-        return self._after >= await self._thread.call(_last_position)
+        return self._after >= await self._thread.call(sql.last_position)
 
 
 def _open_log(path: Path) -> sqlite3.Connection:
     if not path.is_file():
         raise StoreError(f"no loomflow log at {path}: give the file a SqliteRuntime writes to")
-    from loomflow.projections.sqlite import connect
-
     # never create or take over a file that is not a loomflow store: reading writes nothing
-    return connect(path, busy_timeout_ms=30_000, create=False)
+    return sql.connect(path, busy_timeout_ms=30_000, create=False)
 
 
 async def require_log(path: str | Path) -> None:
     """Raise StoreError unless ``path`` is a loomflow SQLite log; for commands to call
     before they create anything beside it (a trail, a stats database)."""
     await asyncio.to_thread(lambda: _open_log(Path(path)).close())
-
-
-_EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"
-
-
-def _last_position(conn: sqlite3.Connection) -> int:
-    """The position of the log's newest record (an event or a prune note); 0 when empty.
-
-    Not the table's sqlite_sequence: it also counts positions no row holds (an insert
-    another program made that was ignored, newest rows it deleted), and a reader that
-    waited to reach one would never be at the end.
-    """
-    row = conn.execute(
-        "SELECT max(coalesce((SELECT max(position) FROM loomflow_events), 0), "
-        "coalesce((SELECT max(position) FROM loomflow_log_notes), 0))"
-    ).fetchone()
-    return int(row[0])
-
-
-_NOTE_COLUMNS = "position, user_id, session_id, seqs, through_seq, at"
 
 
 def _unreadable(columns: str, row: Sequence[Any], error: str) -> LogRecord:
@@ -243,12 +209,10 @@ def _unreadable(columns: str, row: Sequence[Any], error: str) -> LogRecord:
 
 
 def _event_record(row: Sequence[Any]) -> LogRecord:
-    from loomflow.projections.sqlite import decode_event_row
-
     try:
-        event = decode_event_row(row)
+        event = sql.decode_event_row(row)
     except CorruptRecordError as exc:
-        return _unreadable(_EVENT_COLUMNS, row, str(exc))
+        return _unreadable(sql.EVENT_COLUMNS, row, str(exc))
     return LogRecord(0, row[0], event, partitioned=False)
 
 
@@ -277,7 +241,7 @@ def _note_record(row: Sequence[Any]) -> LogRecord:
             at=when,
         )
     except (ValueError, TypeError) as exc:
-        return _unreadable(_NOTE_COLUMNS, row, f"prune note {position} does not decode: {exc}")
+        return _unreadable(sql.NOTE_COLUMNS, row, f"prune note {position} does not decode: {exc}")
     return LogRecord(0, position, None, note=note, partitioned=False)
 
 

@@ -62,7 +62,7 @@ async def rebuild(
     )
     try:
         await pg.migrate(conn, schema)
-        if await conn.fetchval(f'SELECT count(*) FROM "{pg.check_schema(schema)}".events'):
+        if await pg.holds_events(conn, schema):
             raise StoreError(
                 f"schema {schema!r} already holds a read model; rebuild into a new schema"
             )

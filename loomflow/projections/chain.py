@@ -1,9 +1,10 @@
 """The audit trail as a fold of the log: entries chained by hash per session, and their
 verification.
 
-Plain functions with no I/O (the trail's SQL is in ``projections/audit.py``, the consumer
-that feeds it in ``audit/auditor.py``). Each record of the log becomes one entry of
-its session's chain::
+Plain functions with no I/O (the trail's interface is in ``projections/trail.py``, its
+SQL in each dialect's ``audit.py``, the consumer that feeds it in ``audit/auditor.py``).
+Each record of the log becomes one entry of its session's chain, keyed by its
+:class:`~loomflow.schemas.scope.Scope`::
 
     digest = sha256(canonical bytes)        hash = sha256(prev hash : n : digest)
 
@@ -28,6 +29,7 @@ from typing import Literal
 import orjson
 
 from loomflow.schemas import Event
+from loomflow.schemas.scope import Scope, scope_of
 
 __all__ = [
     "GENESIS",
@@ -37,7 +39,6 @@ __all__ = [
     "Finding",
     "Head",
     "Link",
-    "ScopeKey",
     "canonical",
     "chain",
     "entry_hash",
@@ -48,8 +49,6 @@ __all__ = [
 GENESIS = "0" * 64
 #: the type of the entry a prune note becomes
 NOTE_TYPE = "log.pruned"
-
-ScopeKey = tuple[str | None, str]
 
 
 @dataclass(frozen=True)
@@ -66,8 +65,8 @@ class Link:
     body: bytes
 
     @property
-    def scope(self) -> ScopeKey:
-        return (self.user_id, self.session_id)
+    def scope(self) -> Scope:
+        return scope_of(self)
 
     @property
     def digest(self) -> str:
@@ -92,8 +91,8 @@ class Entry:
     hash: str
 
     @property
-    def scope(self) -> ScopeKey:
-        return (self.user_id, self.session_id)
+    def scope(self) -> Scope:
+        return scope_of(self)
 
 
 @dataclass(frozen=True)
@@ -144,10 +143,10 @@ class Chained:
     entries: list[Entry] = field(default_factory=list)
     #: per session, the entries whose bodies an erasure or prune in this batch removes:
     #: (scope, up to entry n, the seqs removed or None for all)
-    redactions: list[tuple[ScopeKey, int, tuple[int, ...] | None]] = field(default_factory=list)
+    redactions: list[tuple[Scope, int, tuple[int, ...] | None]] = field(default_factory=list)
 
 
-def chain(links: Iterable[Link], heads: dict[ScopeKey, Head]) -> Chained:
+def chain(links: Iterable[Link], heads: dict[Scope, Head]) -> Chained:
     """Chain links (in log order) onto the sessions' heads; ``heads`` is updated."""
     out = Chained()
     for link in links:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from loomflow.log import LogReader, sqlite_reader
 from loomflow.projections.audit import Trail
+from loomflow.projections.sqlite import INSERT_EVENT
 from loomflow.runtime import EventStore, Scope, SqliteStore
 from loomflow.schemas import utcnow
 from loomflow.testing.log import AuditedLog, Start
@@ -48,15 +49,18 @@ class SqliteLog(AuditedLog):
     def _insert(self, scope: Scope, seq: int) -> None:
         with closing(sqlite3.connect(self.path, timeout=30)) as conn, conn:
             conn.execute(
-                "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, "
-                "epoch, v, at, payload) "
-                "VALUES (?, ?, ?, 'no.such.type', ?, 'run_x', 0, 1, ?, '{}')",
+                INSERT_EVENT,
                 (
                     scope.user_id or "",
                     scope.session_id,
                     seq,
+                    "no.such.type",
                     f"evt_undecodable_{-seq}",
+                    "run_x",
+                    0,
+                    1,
                     utcnow().isoformat(),
+                    "{}",
                 ),
             )
 

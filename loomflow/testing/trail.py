@@ -27,7 +27,7 @@ import pytest
 from loomflow.audit import Auditor, Verification, verify_trail
 from loomflow.audit.auditor import Audited, link_of
 from loomflow.projections.audit import Reject, Trail
-from loomflow.projections.chain import GENESIS, Entry, Finding, ScopeKey, chain, entry_hash
+from loomflow.projections.chain import GENESIS, Entry, Finding, chain, entry_hash
 from loomflow.runtime import EventStore, Scope
 from loomflow.schemas import Event
 from loomflow.testing._support import Opened, commit, opened_fixture, required_fixture
@@ -154,7 +154,7 @@ class AuditTrailConformance(LogSuite):
         await commit(store, written)
         done = await audit()
         assert (done.records, done.entries, done.rejected) == (17, 17, 0)
-        assert done.sessions == {(None, "s1"), ("alice", "s2")}
+        assert done.sessions == {Scope("s1"), Scope("s2", "alice")}
 
         # entry for entry the chain of the log read again, whoever builds it
         async with log.fresh_reader() as fresh:
@@ -162,11 +162,11 @@ class AuditTrailConformance(LogSuite):
         links = [link_of(r) for r in records]
         # and it got as far as the log goes, in every partition that holds records
         assert await audit.audited() == {r.partition: r.offset + 1 for r in records}
-        expected: dict[ScopeKey, list[Entry]] = defaultdict(list)
+        expected: dict[Scope, list[Entry]] = defaultdict(list)
         for entry in chain([link for link in links if link is not None], {}).entries:
             expected[entry.scope].append(entry)
         for scope, entries in expected.items():
-            stored = await audit.entries(*scope)
+            stored = await audit.entries(scope.user_id, scope.session_id)
             assert stored == entries
             assert [e.n for e in stored] == list(range(1, len(entries) + 1))
             assert stored[0].prev == GENESIS

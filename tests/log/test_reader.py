@@ -124,7 +124,7 @@ async def test_a_log_written_by_the_first_schema_is_migrated_with_its_positions(
 ) -> None:
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db, isolation_level=None)
-    conn.executescript(sqlite_schema._MIGRATIONS[1])
+    conn.executescript(sqlite_schema.JOURNAL.steps[0])
     conn.execute("CREATE TABLE loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     conn.execute("INSERT INTO loomflow_meta VALUES ('schema_version', '1')")
     sql.insert_event(conn, RunStarted(session_id="old", run_id="r", seq=1, epoch=1))

@@ -21,6 +21,7 @@ from loomflow.errors import (
     StoreError,
 )
 from loomflow.projections import postgres as pg
+from loomflow.projections.migrations import Migrations
 from loomflow.runtime import PostgresRuntime, PostgresStore, Scope, SessionWriter
 from loomflow.runtime.writer import WritePolicy
 from loomflow.schemas import (
@@ -107,6 +108,32 @@ async def test_a_schema_from_a_newer_loomflow_is_refused(dsn: str, schema: str) 
     await conn.close()
     with pytest.raises(StoreError, match="upgrade loomflow"):
         await PostgresRuntime.connect(dsn, schema=schema)
+    conn = await asyncpg.connect(dsn)
+    try:  # a process that does not migrate (LOOMFLOW_AUTO_MIGRATE=false) says the same
+        with pytest.raises(StoreError, match="upgrade loomflow"):
+            await pg.check_version(conn, schema)
+    finally:
+        await conn.close()
+
+
+async def test_a_schema_at_an_older_version_is_migrated_on_open(dsn: str, schema: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        older = Migrations(pg.READ_MODEL.meta, pg.READ_MODEL.steps[:4])
+        await pg.migrate(conn, schema, older)
+        assert await pg.schema_version(conn, schema) == 4
+        runtime = await PostgresRuntime.connect(dsn, schema=schema)
+        await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+        await runtime.close()
+        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 6
+        control = await conn.fetchval(
+            "SELECT data_type FROM information_schema.columns WHERE table_schema = $1 "
+            "AND table_name = 'sessions' AND column_name = 'control'",
+            schema,
+        )
+        assert control == "json"  # step 5 ran
+    finally:
+        await conn.close()
 
 
 async def test_a_store_opened_only_to_inspect_never_creates_a_schema(dsn: str, schema: str) -> None:

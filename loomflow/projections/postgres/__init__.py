@@ -1,11 +1,14 @@
-"""The PostgreSQL dialect of the log and read model, one module per concern.
+"""The PostgreSQL dialect of the log and read model, one module per concern; all of its
+SQL is here.
 
 Functions here are coroutines taking an asyncpg connection (and the schema) and run
-inside the caller's transaction; the PostgreSQL store and the Kafka projector both call
-them. ``schema``: tables, migrations, the schema's name; ``tables``: how rows map to
+inside the caller's transaction; the PostgreSQL store, the Kafka projector and rebuild
+call them. ``schema``: tables, migrations (the read model's steps, the audit trail's
+tables among them, and their runner), the schema's name; ``tables``: how rows map to
 columns; ``writes``: its dialect of the apply step (projections/apply.py), folding
 batches of events into the log and read model, prune; ``reads``: queries; ``consumers``:
-what the log's consumers keep (positions, dead letters, heartbeats, notifications).
+what the log's consumers keep (positions, dead letters, heartbeats, notifications);
+``audit``: the audit trail's statements (``PostgresTrail``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from loomflow.projections.postgres.consumers import (
 from loomflow.projections.postgres.reads import (
     get_checkpoint,
     get_step,
+    holds_events,
     latest_snapshots,
     list_checkpoints,
     list_sessions,
@@ -42,6 +46,7 @@ from loomflow.projections.postgres.reads import (
     sessions_in_flight,
 )
 from loomflow.projections.postgres.schema import (
+    READ_MODEL,
     SCHEMA_VERSION,
     check_schema,
     check_version,
@@ -59,6 +64,7 @@ from loomflow.projections.postgres.writes import (
 )
 
 __all__ = [
+    "READ_MODEL",
     "SCHEMA_VERSION",
     "DeadLetterRow",
     "PostgresDialect",
@@ -74,6 +80,7 @@ __all__ = [
     "forget_processor",
     "get_checkpoint",
     "get_step",
+    "holds_events",
     "latest_snapshots",
     "list_checkpoints",
     "list_processors",

@@ -38,6 +38,7 @@ from loomflow.schemas.sessions import SessionRecord
 __all__ = [
     "get_checkpoint",
     "get_step",
+    "holds_events",
     "latest_snapshots",
     "list_checkpoints",
     "list_sessions",
@@ -51,6 +52,11 @@ __all__ = [
 
 
 logger = logging.getLogger("loomflow.projections.postgres")
+
+
+async def holds_events(conn: asyncpg.Connection, schema: str) -> bool:
+    """Whether the schema's log holds any event (a rebuild goes only into an empty one)."""
+    return bool(await conn.fetchval(f"SELECT EXISTS (SELECT 1 FROM {quoted(schema)}.events)"))
 
 
 async def load_session(

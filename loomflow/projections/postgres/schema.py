@@ -1,4 +1,5 @@
-"""The PostgreSQL schema of the log and read model: its tables, migrations and name.
+"""The PostgreSQL schema of the log and read model: its tables, their migrations (the
+read model's steps and their runner, ``projections/migrations.py``'s scheme) and its name.
 
 Every table lives in one PostgreSQL schema (``loomflow`` unless configured), so nothing
 collides with other tools' tables in ``public``.
@@ -22,9 +23,10 @@ from loomflow.errors import (
     StoreError,
     StoreUnavailableError,
 )
-from loomflow.projections.audit import POSTGRES_DDL
+from loomflow.projections.migrations import Migrations
 
 __all__ = [
+    "READ_MODEL",
     "SCHEMA_VERSION",
     "check_schema",
     "check_version",
@@ -37,16 +39,16 @@ __all__ = [
 
 logger = logging.getLogger("loomflow.projections.postgres")
 
-logger = logging.getLogger("loomflow.projections.postgres")
-
-SCHEMA_VERSION = 6
-
 # Lower case only, so the quoted name is the name a user types unquoted in psql; 48
 # characters leave room for the positions channel name within PostgreSQL's 63.
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
-_MIGRATIONS: dict[int, str] = {
-    1: """
+#: the read model's schema, ``{s}`` its quoted name; the versions reached are rows of
+#: its schema_migrations
+READ_MODEL = Migrations(
+    meta="schema_migrations",
+    steps=(
+        """
     CREATE TABLE {s}.events (
         user_id text NOT NULL,
         session_id text NOT NULL,
@@ -121,9 +123,9 @@ _MIGRATIONS: dict[int, str] = {
     );
     CREATE INDEX dead_letters_event ON {s}.dead_letters (event_id) WHERE event_id IS NOT NULL;
     """,
-    # the record as it was (any bytes, NUL included) beside a readable text preview; the
-    # processors that project into the schema, so a runtime can say which one it waits for
-    2: """
+        # the record as it was (any bytes, NUL included) beside a readable text preview; the
+        # processors that project into the schema, so a runtime can say which one it waits for
+        """
     ALTER TABLE {s}.dead_letters ADD COLUMN record bytea, ADD COLUMN record_key bytea,
         ADD COLUMN null_value boolean NOT NULL DEFAULT false;
     DELETE FROM {s}.dead_letters a USING {s}.dead_letters b
@@ -139,31 +141,53 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (consumer, topic, worker)
     );
     """,
-    # the audit trail of `loomflow audit` (projections/audit.py); one user's sessions by
-    # activity, and the forks of a session (`loomflow sessions ls / show`)
-    3: POSTGRES_DDL
-    + """
+        # the audit trail of `loomflow audit` (postgres/audit.py); one user's sessions by
+        # activity, and the forks of a session (`loomflow sessions ls / show`)
+        """
+    CREATE TABLE {s}.audit_entries (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        n bigint NOT NULL,
+        position text NOT NULL,
+        key text NOT NULL,
+        seq bigint NOT NULL,
+        type text NOT NULL,
+        at timestamptz NOT NULL,
+        digest text NOT NULL,
+        body bytea,
+        prev text NOT NULL,
+        hash text NOT NULL,
+        PRIMARY KEY (user_id, session_id, n)
+    );
+    CREATE UNIQUE INDEX audit_entries_key ON {s}.audit_entries (key);
+    CREATE TABLE {s}.audit_rejects (
+        position text PRIMARY KEY,
+        reason text NOT NULL,
+        raw bytea,
+        recorded_at timestamptz NOT NULL DEFAULT now()
+    );
+
     CREATE INDEX sessions_user_updated ON {s}.sessions (user_id, updated_at);
     CREATE INDEX sessions_parent ON {s}.sessions (user_id, parent_session_id)
         WHERE parent_session_id IS NOT NULL;
     """,
-    # what a worker needs of a session (projections/rows.py: control_json), and the runs
-    # in flight it looks for
-    4: """
+        # what a worker needs of a session (projections/rows.py: control_json), and the runs
+        # in flight it looks for
+        """
     ALTER TABLE {s}.sessions ADD COLUMN control jsonb;
     CREATE INDEX sessions_in_flight ON {s}.sessions (status, updated_at)
         WHERE status IN ('running', 'waiting', 'signalled');
     """,
-    # control holds a run's metadata and its signals' payloads as they were sent: jsonb
-    # rewrote a float such as 5.279742886759849e+16 as the integer 52797428867598490
-    # (found by the log fuzzer), and refuses \u0000
-    5: """
+        # control holds a run's metadata and its signals' payloads as they were sent: jsonb
+        # rewrote a float such as 5.279742886759849e+16 as the integer 52797428867598490
+        # (found by the log fuzzer), and refuses \u0000
+        """
     ALTER TABLE {s}.sessions ALTER COLUMN control TYPE json USING control::json;
     """,
-    # what `loomflow otel` keeps of each session between two batches (loomflow/otel/state.py:
-    # how far it read the session, the span of its run in flight); its position is the
-    # otel group's committed offsets
-    6: """
+        # what `loomflow otel` keeps of each session between two batches (loomflow/otel/state.py:
+        # how far it read the session, the span of its run in flight); its position is the
+        # otel group's committed offsets
+        """
     CREATE TABLE {s}.otel_sessions (
         user_id text NOT NULL,
         session_id text NOT NULL,
@@ -171,7 +195,10 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (user_id, session_id)
     );
     """,
-}
+    ),
+)
+
+SCHEMA_VERSION = READ_MODEL.version
 
 
 #: what says the server is away (or going), not that the request was wrong
@@ -224,20 +251,18 @@ def _lock_key(schema: str) -> int:
 
 async def schema_version(conn: asyncpg.Connection, schema: str) -> int:
     """The version the schema was migrated to; 0 when it does not exist yet."""
-    table = await conn.fetchval("SELECT to_regclass($1)", f"{quoted(schema)}.schema_migrations")
-    if table is None:
+    meta = f"{quoted(schema)}.{READ_MODEL.meta}"
+    if await conn.fetchval("SELECT to_regclass($1)", meta) is None:
         return 0
-    return int(
-        await conn.fetchval(
-            f"SELECT coalesce(max(version), 0) FROM {quoted(schema)}.schema_migrations"
-        )
-    )
+    return int(await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {meta}"))
 
 
 async def check_version(conn: asyncpg.Connection, schema: str) -> None:
     """Refuse a schema that is not at SCHEMA_VERSION, saying how to migrate it (for stores
-    that do not migrate on their own: ``auto_migrate`` off)."""
+    that do not migrate on their own: ``auto_migrate`` off), or to upgrade loomflow when
+    it is newer."""
     current = await schema_version(conn, schema)
+    READ_MODEL.check(current, f"PostgreSQL schema {schema!r}")
     if current != SCHEMA_VERSION:
         raise StoreError(
             f"PostgreSQL schema {schema!r} is at version {current}, and this loomflow needs "
@@ -246,31 +271,28 @@ async def check_version(conn: asyncpg.Connection, schema: str) -> None:
         )
 
 
-async def migrate(conn: asyncpg.Connection, schema: str = "loomflow") -> None:
-    """Create the schema if needed and bring it to SCHEMA_VERSION, in one transaction.
+async def migrate(
+    conn: asyncpg.Connection, schema: str = "loomflow", migrations: Migrations = READ_MODEL
+) -> None:
+    """Create the schema if needed and bring it to ``migrations.version`` (the read
+    model's), the steps and their versions in one transaction.
 
     Safe when several processes start at once: the transaction holds an advisory lock of
     the schema, so the second waits and then finds nothing left to do. Needs the default
     READ COMMITTED isolation, so that the waiter sees what the first one committed.
     """
     s = quoted(schema)
+    meta = f"{s}.{migrations.meta}"
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _lock_key(schema))
         if not await conn.fetchval("SELECT 1 FROM pg_namespace WHERE nspname = $1", schema):
             await conn.execute(f"CREATE SCHEMA {s}")
         await conn.execute(
-            f"CREATE TABLE IF NOT EXISTS {s}.schema_migrations ("
+            f"CREATE TABLE IF NOT EXISTS {meta} ("
             "version integer PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"
         )
-        current = int(
-            await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {s}.schema_migrations")
-        )
-        if current > SCHEMA_VERSION:
-            raise StoreError(
-                f"PostgreSQL schema {schema!r} is at version {current}, newer than version "
-                f"{SCHEMA_VERSION} that this loomflow knows: upgrade loomflow to use it"
-            )
-        for version in range(current + 1, SCHEMA_VERSION + 1):
-            await conn.execute(_MIGRATIONS[version].format(s=s))
-            await conn.execute(f"INSERT INTO {s}.schema_migrations (version) VALUES ($1)", version)
+        current = int(await conn.fetchval(f"SELECT coalesce(max(version), 0) FROM {meta}"))
+        for version, step in migrations.pending(current, f"PostgreSQL schema {schema!r}"):
+            await conn.execute(step.format(s=s))
+            await conn.execute(f"INSERT INTO {meta} (version) VALUES ($1)", version)
             logger.info("migrated PostgreSQL schema %r to version %d", schema, version)

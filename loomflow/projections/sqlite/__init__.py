@@ -1,40 +1,50 @@
-"""The SQLite dialect of the log and read model, one module per concern.
+"""The SQLite dialect of the log and read model, and of the files beside an embedded log
+(its audit trail, its stats database), one module per concern; all of its SQL is here.
 
 Functions here are synchronous and take a ``sqlite3.Connection``; the SQLite store calls
 them on its own thread (or commits on the event loop's, see SqliteStore). The transcript
 is not copied into the read model: the log table in the same file already holds every
-turn's messages. ``schema``: opening the file, tables, migrations, the WAL; ``tables``:
-how rows map to columns; ``writes``: its dialect of the apply step (projections/apply.py),
-rounds of appends folded into the log and read model, prune; ``reads``: queries;
-``thread``: a connection on a thread of its own, for the store and the consumers of an
-embedded log.
+turn's messages. ``schema``: opening the files, the journal's tables, the one runner of
+every file's migrations (``projections/migrations.py``), the WAL; ``tables``: how rows
+map to columns; ``writes``: its dialect of the apply step (projections/apply.py), rounds
+of appends folded into the log and read model, prune; ``reads``: queries, the log's
+reader's among them; ``thread``: a connection on a thread of its own, for the store and
+the consumers of an embedded log; ``audit``: the audit trail's file (``SqliteTrail``);
+``stats``: the stats database's tables and statements.
 """
 
 from __future__ import annotations
 
 from loomflow.projections.sqlite.reads import (
-    fetch_log_rows,
     get_checkpoint,
     get_step,
+    last_position,
     list_checkpoints,
     list_sessions,
     load_session,
+    log_rows_after,
     read_events,
     read_transcript,
     sessions_in_flight,
 )
 from loomflow.projections.sqlite.schema import (
+    JOURNAL,
     SCHEMA_VERSION,
     OpenedFile,
     checkpoint_wal,
     connect,
     connect_direct,
+    connect_own,
+    immediate,
     is_busy,
     migrate,
+    open_own,
+    stored_version,
 )
-from loomflow.projections.sqlite.tables import EVENT_COLUMNS, decode_event_row, ts
-from loomflow.projections.sqlite.thread import SqliteThread, open_own
+from loomflow.projections.sqlite.tables import EVENT_COLUMNS, NOTE_COLUMNS, decode_event_row, ts
+from loomflow.projections.sqlite.thread import SqliteThread
 from loomflow.projections.sqlite.writes import (
+    INSERT_EVENT,
     KnownRows,
     SqliteDialect,
     apply,
@@ -47,6 +57,9 @@ from loomflow.projections.sqlite.writes import (
 
 __all__ = [
     "EVENT_COLUMNS",
+    "INSERT_EVENT",
+    "JOURNAL",
+    "NOTE_COLUMNS",
     "SCHEMA_VERSION",
     "KnownRows",
     "OpenedFile",
@@ -58,15 +71,18 @@ __all__ = [
     "commit_round",
     "connect",
     "connect_direct",
+    "connect_own",
     "decode_event_row",
-    "fetch_log_rows",
     "get_checkpoint",
     "get_step",
+    "immediate",
     "insert_event",
     "is_busy",
+    "last_position",
     "list_checkpoints",
     "list_sessions",
     "load_session",
+    "log_rows_after",
     "migrate",
     "open_own",
     "prune",
@@ -74,5 +90,6 @@ __all__ = [
     "read_transcript",
     "save_session",
     "sessions_in_flight",
+    "stored_version",
     "ts",
 ]

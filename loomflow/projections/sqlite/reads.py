@@ -23,6 +23,7 @@ from loomflow.projections.rows import (
 from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
     EVENT_COLUMNS,
+    NOTE_COLUMNS,
     decode_event_row,
     ts,
 )
@@ -35,9 +36,11 @@ __all__ = [
     "fetch_log_rows",
     "get_checkpoint",
     "get_step",
+    "last_position",
     "list_checkpoints",
     "list_sessions",
     "load_session",
+    "log_rows_after",
     "read_events",
     "read_transcript",
     "sessions_in_flight",
@@ -161,6 +164,38 @@ def read_events(
         (stored_user(user_id), session_id, lo, hi),
     )
     return decoded_events(rows, decode_event_row)
+
+
+def log_rows_after(conn: sqlite3.Connection, after: int, limit: int) -> tuple[list[Any], list[Any]]:
+    """The log's rows past position ``after``, each kind in position order and up to
+    ``limit`` of it: events (EVENT_COLUMNS) and the notes prune left (NOTE_COLUMNS). The
+    reader of the log merges the two by position."""
+    events = fetch_log_rows(
+        conn,
+        f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE position > ? ORDER BY position LIMIT ?",
+        (after, limit),
+    )
+    notes = fetch_log_rows(
+        conn,
+        f"SELECT {NOTE_COLUMNS} FROM loomflow_log_notes WHERE position > ? "
+        "ORDER BY position LIMIT ?",
+        (after, limit),
+    )
+    return events, notes
+
+
+def last_position(conn: sqlite3.Connection) -> int:
+    """The position of the log's newest record (an event or a prune note); 0 when empty.
+
+    Not the table's sqlite_sequence: it also counts positions no row holds (an insert
+    another program made that was ignored, newest rows it deleted), and a reader that
+    waited to reach one would never be at the end.
+    """
+    row = conn.execute(
+        "SELECT max(coalesce((SELECT max(position) FROM loomflow_events), 0), "
+        "coalesce((SELECT max(position) FROM loomflow_log_notes), 0))"
+    ).fetchone()
+    return int(row[0])
 
 
 def fetch_log_rows(conn: sqlite3.Connection, query: str, params: Sequence[Any]) -> list[Any]:

@@ -1,4 +1,5 @@
-"""The SQLite file: opening it (WAL mode), its tables and their migrations, the WAL's
+"""The SQLite files: opening them (WAL mode), their migrations (one runner for the
+journal, the audit trail and the stats database), the journal's tables, the WAL's
 checkpoints, and telling the file opened apart from whatever its path names later."""
 
 from __future__ import annotations
@@ -6,24 +7,33 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from loomflow.errors import StoreError, StoreFileReplacedError
+from loomflow.projections.migrations import Migrations
 
 __all__ = [
+    "JOURNAL",
     "SCHEMA_VERSION",
     "OpenedFile",
     "checkpoint_wal",
     "connect",
     "connect_direct",
+    "connect_own",
+    "immediate",
     "is_busy",
     "migrate",
+    "open_own",
+    "stored_version",
 ]
 
-SCHEMA_VERSION = 3
-
-_MIGRATIONS: dict[int, str] = {
-    1: """
+#: the journal: the log and the read model in one file
+JOURNAL = Migrations(
+    meta="loomflow_meta",
+    steps=(
+        """
     CREATE TABLE loomflow_events (
         position INTEGER PRIMARY KEY,
         user_id TEXT NOT NULL,
@@ -83,11 +93,11 @@ _MIGRATIONS: dict[int, str] = {
         PRIMARY KEY (user_id, session_id, step_key)
     ) WITHOUT ROWID;
     """,
-    # Positions never go back, so a reader that has passed one misses nothing: without
-    # AUTOINCREMENT an erasure that deletes the newest rows would hand their positions to
-    # the next events. Prune deletes rows with no event to say so; it leaves a note at
-    # a position of the same sequence, so the log's readers (audit) see it in order.
-    2: """
+        # Positions never go back, so a reader that has passed one misses nothing: without
+        # AUTOINCREMENT an erasure that deletes the newest rows would hand their positions to
+        # the next events. Prune deletes rows with no event to say so; it leaves a note at
+        # a position of the same sequence, so the log's readers (audit) see it in order.
+        """
     CREATE TABLE loomflow_events_v2 (
         position INTEGER PRIMARY KEY AUTOINCREMENT,
         user_id TEXT NOT NULL,
@@ -118,54 +128,83 @@ _MIGRATIONS: dict[int, str] = {
     CREATE INDEX loomflow_sessions_parent ON loomflow_sessions (user_id, parent_session_id)
         WHERE parent_session_id IS NOT NULL;
     """,
-    # what a worker needs of a session (projections/rows.py: control_json), and the runs
-    # in flight it looks for
-    3: """
+        # what a worker needs of a session (projections/rows.py: control_json), and the runs
+        # in flight it looks for
+        """
     ALTER TABLE loomflow_sessions ADD COLUMN control TEXT;
     CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status)
         WHERE status IN ('running', 'waiting', 'signalled');
     """,
-}
+    ),
+)
+
+SCHEMA_VERSION = JOURNAL.version
 
 
-def _version(conn: sqlite3.Connection) -> int | None:
-    """The schema version loomflow recorded in the file; None when it is not a loomflow
-    store (another application's database, an empty file)."""
+def stored_version(conn: sqlite3.Connection, meta: str) -> int | None:
+    """The schema version loomflow recorded in the file's ``meta`` table; None when the
+    file has none (another application's database, an empty file, a trail written before
+    its tables were versioned)."""
     try:
-        row = conn.execute(
-            "SELECT value FROM loomflow_meta WHERE key = 'schema_version'"
-        ).fetchone()
+        row = conn.execute(f"SELECT value FROM {meta} WHERE key = 'schema_version'").fetchone()
     except sqlite3.OperationalError:  # no such table
         return None
     return None if row is None else int(row[0])
 
 
-def migrate(conn: sqlite3.Connection) -> None:
-    """Bring the file to SCHEMA_VERSION; safe when several processes open it at once."""
+def migrate(conn: sqlite3.Connection, migrations: Migrations, where: str) -> None:
+    """Bring the file to ``migrations.version``, the steps and the version they reach in
+    one transaction; ``where`` names the file in the refusal of a newer one.
+
+    Safe when several processes open the file at once: BEGIN IMMEDIATE takes the write
+    lock before the version is read, so the second waits (busy_timeout) and then finds
+    nothing left to do. A file at the version is opened without a write.
+    """
+    with immediate(conn):
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {migrations.meta} "
+            "(key TEXT PRIMARY KEY, value TEXT NOT NULL)"
+        )
+        pending = migrations.pending(stored_version(conn, migrations.meta) or 0, where)
+        for _, step in pending:
+            for statement in _statements(step):
+                conn.execute(statement)
+        if pending:
+            conn.execute(
+                f"INSERT OR REPLACE INTO {migrations.meta} (key, value) "
+                "VALUES ('schema_version', ?)",
+                (str(migrations.version),),
+            )
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One transaction that holds the file's write lock from its start (BEGIN IMMEDIATE:
+    what it reads cannot change before it writes), committed at the end of the block and
+    rolled back when the block raises."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"
-        )
-        current = _version(conn) or 0
-        if current > SCHEMA_VERSION:
-            raise StoreError(
-                f"this store has schema version {current}, newer than {SCHEMA_VERSION}: "
-                "upgrade loomflow to open it"
-            )
-        for version in range(current + 1, SCHEMA_VERSION + 1):
-            for statement in _MIGRATIONS[version].split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-        if current != SCHEMA_VERSION:  # a store at the version is opened without a write
-            conn.execute(
-                "INSERT OR REPLACE INTO loomflow_meta (key, value) VALUES ('schema_version', ?)",
-                (str(SCHEMA_VERSION),),
-            )
+        yield
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
+
+
+def _statements(step: str) -> list[str]:
+    """The statements of a step, one by one (``execute`` runs one; ``executescript``
+    would commit the migration's transaction first)."""
+    statements, statement = [], ""
+    for piece in step.split(";"):
+        statement += piece + ";"
+        if sqlite3.complete_statement(statement):  # not a ';' inside a literal
+            if statement.strip(" \n;"):
+                statements.append(statement)
+            statement = ""
+    if statement.strip(" \n;"):
+        statements.append(statement)  # not complete: execute says what is wrong with it
+    return statements
 
 
 def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3.Connection:
@@ -183,12 +222,12 @@ def connect(path: Path, busy_timeout_ms: int, *, create: bool = True) -> sqlite3
             target = f"{path.resolve().as_uri()}?mode=rw"
             conn = sqlite3.connect(target, isolation_level=None, check_same_thread=True, uri=True)
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-        if not create and _version(conn) is None:
+        if not create and stored_version(conn, JOURNAL.meta) is None:
             conn.close()
             raise StoreError(f"{path} is not a loomflow store (it has no loomflow tables)")
         mode = _wal(conn, busy_timeout_ms)
         conn.execute("PRAGMA synchronous = NORMAL")
-        migrate(conn)
+        migrate(conn, JOURNAL, f"the SQLite store {path}")
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open {path} as a loomflow SQLite store: {exc}") from exc
     if str(mode).lower() != "wal":
@@ -207,6 +246,63 @@ def connect_direct(path: Path) -> sqlite3.Connection:
     conn.execute("PRAGMA busy_timeout = 0")
     conn.execute("PRAGMA synchronous = NORMAL")
     conn.execute("PRAGMA wal_autocheckpoint = 0")
+    return conn
+
+
+def open_own(path: Path, prefix: str, what: str, *, create: bool) -> sqlite3.Connection:
+    """Open a SQLite file of loomflow's that holds only tables named ``prefix*`` (a trail,
+    a stats database), creating it when ``create``. A file with other tables (a journal,
+    another program's database) or that is not SQLite is refused before anything is
+    written to it."""
+    if path.exists() and not path.is_file():
+        raise StoreError(f"{path} is not a file, so it cannot be a {what}")
+    if not create and not path.is_file():
+        raise StoreError(f"no {what} at {path}")
+    target = str(path) if create else f"{path.resolve().as_uri()}?mode=rw"
+    conn = sqlite3.connect(target, isolation_level=None, uri=not create)
+    try:
+        names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreError(f"{path} is not a {what}: {exc}") from exc
+    foreign = sorted(n for n in names if not n.startswith((prefix, "sqlite_")))
+    if foreign or (not create and not names):
+        conn.close()
+        holds = f"it holds other tables ({', '.join(foreign[:3])})" if foreign else "it is empty"
+        raise StoreError(f"{path} is not a {what}: {holds}")
+    return conn
+
+
+def connect_own(
+    path: Path,
+    migrations: Migrations,
+    prefix: str,
+    what: str,
+    *,
+    create: bool,
+    busy_timeout_ms: int = 30_000,
+) -> sqlite3.Connection:
+    """Open a file of ``open_own``'s beside a journal in WAL mode, migrated by ``migrate``
+    as the journal is, so that several processes opening a new one at once all get it.
+
+    ``create=False`` opens an existing file to read it and writes nothing: it is not
+    migrated, only refused when it is newer than this code.
+    """
+    conn = open_own(path, prefix, what, create=create)
+    where = f"the {what} {path}"
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        if create:
+            _wal(conn, busy_timeout_ms)
+            migrate(conn, migrations, where)
+        else:
+            migrations.check(stored_version(conn, migrations.meta) or 0, where)
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise StoreError(f"{where}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 

@@ -1,5 +1,5 @@
 """How rows of the log and the read model map to SQLite columns: timestamps as text, the
-column lists the reads and writes share, a log row decoded."""
+column lists the reads, the writes and the log's reader share, a log row decoded."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from loomflow.schemas import Event
 __all__ = [
     "CHECKPOINT_COLUMNS",
     "EVENT_COLUMNS",
+    "NOTE_COLUMNS",
     "SESSION_COLUMNS",
     "decode_event_row",
     "ts",
@@ -31,6 +32,8 @@ SESSION_COLUMNS = (
 CHECKPOINT_COLUMNS = ", ".join(CHECKPOINT_FIELDS)
 #: a log row: its position, the columns of EVENT_FIELDS, its payload
 EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"
+#: a note prune left in the log where it deleted rows (the log's readers decode it)
+NOTE_COLUMNS = "position, user_id, session_id, seqs, through_seq, at"
 
 
 def decode_event_row(row: Sequence[Any]) -> Event:

@@ -13,12 +13,11 @@ import functools
 import sqlite3
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 
-__all__ = ["SqliteThread", "open_own"]
+__all__ = ["SqliteThread"]
 
 T = TypeVar("T")
 
@@ -75,27 +74,3 @@ class SqliteThread:
         if self._conn is not None:
             self._conn.close()  # the last connection to close checkpoints and removes the WAL
             self._conn = None
-
-
-def open_own(path: Path, prefix: str, what: str, *, create: bool) -> sqlite3.Connection:
-    """Open a SQLite file of loomflow's that holds only tables named ``prefix*`` (a trail,
-    a stats database), creating it when ``create``. A file with other tables (a journal,
-    another program's database) or that is not SQLite is refused before anything is
-    written to it."""
-    if path.exists() and not path.is_file():
-        raise StoreError(f"{path} is not a file, so it cannot be a {what}")
-    if not create and not path.is_file():
-        raise StoreError(f"no {what} at {path}")
-    target = str(path) if create else f"{path.resolve().as_uri()}?mode=rw"
-    conn = sqlite3.connect(target, isolation_level=None, uri=not create)
-    try:
-        names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-    except sqlite3.DatabaseError as exc:
-        conn.close()
-        raise StoreError(f"{path} is not a {what}: {exc}") from exc
-    foreign = sorted(n for n in names if not n.startswith((prefix, "sqlite_")))
-    if foreign or (not create and not names):
-        conn.close()
-        holds = f"it holds other tables ({', '.join(foreign[:3])})" if foreign else "it is empty"
-        raise StoreError(f"{path} is not a {what}: {holds}")
-    return conn

@@ -33,6 +33,7 @@ from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "INSERT_EVENT",
     "KNOWN_ROWS",
     "KnownRows",
     "SqliteDialect",
@@ -133,11 +134,17 @@ def _update_session(names: tuple[str, ...]) -> str:
     )
 
 
+#: a log row: the columns of EVENT_COLUMNS but its position, which SQLite assigns
+INSERT_EVENT = (
+    "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
+    "v, at, payload) VALUES (?,?,?,?,?,?,?,?,?,?)"
+)
+
+
 def insert_event(conn: sqlite3.Connection, event: Event) -> None:
     payload = event.payload.model_dump_json(exclude_defaults=True)
     conn.execute(
-        "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
-        "v, at, payload) VALUES (?,?,?,?,?,?,?,?,?,?)",
+        INSERT_EVENT,
         (
             stored_user(event.user_id),
             event.session_id,
