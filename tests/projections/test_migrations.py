@@ -25,6 +25,7 @@ from loomflow.projections.audit import default_trail_path
 from loomflow.projections.migrations import Migrations
 from loomflow.projections.sqlite import JOURNAL, migrate, stored_version
 from loomflow.projections.sqlite.audit import TRAIL
+from loomflow.projections.sqlite.otel import OTEL
 from loomflow.projections.sqlite.stats import STATS
 from loomflow.runtime import Scope, SqliteRuntime, SqliteStore
 from tests.support.file_opener import OPENERS
@@ -118,7 +119,7 @@ def test_a_failing_step_leaves_the_file_at_the_version_before(tmp_path: Path) ->
 # -- each file: newer refused, new ones opened at once ------------------------------------
 
 
-FILES = {"journal": JOURNAL, "trail": TRAIL, "stats": STATS}
+FILES = {"journal": JOURNAL, "trail": TRAIL, "stats": STATS, "otel": OTEL}
 
 
 @pytest.mark.parametrize("kind", sorted(FILES))

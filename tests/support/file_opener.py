@@ -2,9 +2,10 @@
 processes opening one new file at once.
 
 ``python -m tests.support.file_opener``: for each line ``KIND PATH`` read from stdin, opens
-the file at PATH as loomflow opens a ``journal`` (SqliteStore), a ``trail`` (SqliteTrail)
-or a ``stats`` database, closes it and prints ``ok``, or ``error <message>``. Blocked on
-its next line, every such process starts its open as soon as the line arrives.
+the file at PATH as loomflow opens a ``journal`` (SqliteStore), a ``trail`` (SqliteTrail),
+a ``stats`` database or an ``otel`` state file, closes it and prints ``ok``, or ``error
+<message>``. Blocked on its next line, every such process starts its open as soon as the
+line arrives.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from loomflow.projections.audit import SqliteTrail
+from loomflow.projections.sqlite.otel import connect_otel
 from loomflow.projections.sqlite.stats import connect_stats
 from loomflow.runtime import SqliteStore
 
@@ -39,10 +41,15 @@ def open_stats(path: Path) -> None:
     connect_stats(path).close()
 
 
+def open_otel(path: Path) -> None:
+    connect_otel(path, f"otel state {path}").close()
+
+
 OPENERS: dict[str, Callable[[Path], None]] = {
     "journal": open_journal,
     "trail": open_trail,
     "stats": open_stats,
+    "otel": open_otel,
 }
 
 
