@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 __all__ = [
+    "CancelRefusedError",
     "CheckpointNotFoundError",
     "CorruptRecordError",
     "InvalidEventError",
@@ -14,6 +15,7 @@ __all__ = [
     "OutputValidationError",
     "ProjectionTimeoutError",
     "RunBudgetExceededError",
+    "RunCancelledError",
     "RunOptionsError",
     "RunTakenError",
     "SequenceConflictError",
@@ -83,6 +85,22 @@ class StaleWriterError(InvalidEventError):
     """A writer whose epoch was superseded tried to append to a resumed session."""
 
 
+class RunCancelledError(StaleWriterError):
+    """The run was cancelled (``loomflow sessions cancel``, ``runtime.cancel``) while it
+    ran: its writer is fenced, so nothing it does from its next step on is recorded. The
+    session stays cancelled (no worker resumes it) until someone continues it on purpose
+    with ``agent.resume`` or ``loomflow sessions resume``."""
+
+    @classmethod
+    def of(cls, run_id: str, where: str) -> RunCancelledError:
+        """The error of run ``run_id`` of ``where`` (a session, described)."""
+        return cls(
+            f"run {run_id} of {where} was cancelled (runtime.cancel, `loomflow sessions "
+            "cancel`): nothing more of it is recorded; continue the session with "
+            "agent.resume(session_id=...) or `loomflow sessions resume`, if it should go on"
+        )
+
+
 class SequenceConflictError(InvalidEventError):
     """Another writer appended to the session first (seq already taken or a gap)."""
 
@@ -106,6 +124,11 @@ class SignalRefusedError(LoomflowError):
     """The session has no run in flight to receive a signal (it finished, failed or was
     parked): a signal kept there would answer some later run's wait that never asked.
     Also raised when the run's wait for that signal timed out: it answers nothing."""
+
+
+class CancelRefusedError(LoomflowError):
+    """The session has no run in flight to cancel: it finished or failed (nothing runs,
+    and no worker resumes it), was cancelled already, or has had no run yet (a fork)."""
 
 
 class RunTakenError(LoomflowError):

@@ -268,6 +268,20 @@ class Agent:
         validate_id(session_id, "session_id")
         await self.runtime.signal(Scope.of(session_id, user_id), name, payload)
 
+    async def cancel(
+        self, session_id: str, *, user_id: str | None = None, reason: str = ""
+    ) -> None:
+        """Cancel the session's run, from any process (``loomflow sessions cancel``).
+
+        A live run stops at its next step and raises RunCancelledError; no worker resumes
+        the session, and it refuses signals, until ``resume(session_id=...)`` continues it
+        on purpose. Raises SessionNotFoundError for a session this user does not have,
+        CancelRefusedError when no run is in flight (it finished, failed, or was cancelled
+        already). See ``Runtime.cancel``.
+        """
+        validate_id(session_id, "session_id")
+        await self.runtime.cancel(Scope.of(session_id, user_id), reason)
+
     async def take_over(
         self,
         session_id: str,

@@ -33,6 +33,7 @@ from loomflow.errors import (
     InvalidEventError,
     LoomflowError,
     RunBudgetExceededError,
+    RunCancelledError,
     RunOptionsError,
     RunTakenError,
 )
@@ -117,19 +118,20 @@ _SAID = {
     "failed": "failed",
     "parked": "is parked",
     "taken": "was taken by another process first",
+    "cancelled": "was cancelled while it ran; no worker resumes it",
     "released": "stops with this worker; left for the next one",
 }
 
 
 @dataclass(frozen=True)
 class TakeOver:
-    """What a worker did with one run: resumed it to an end, parked it, lost it, or left
-    it for the next worker when it stopped."""
+    """What a worker did with one run: resumed it to an end, parked it, lost it (to
+    another process, or to a cancel), or left it for the next worker when it stopped."""
 
     session_id: str
     user_id: str | None
     reason: Reason
-    outcome: Literal["finished", "waiting", "failed", "parked", "taken", "released"]
+    outcome: Literal["finished", "waiting", "failed", "parked", "taken", "cancelled", "released"]
     detail: str = ""
 
 
@@ -351,6 +353,8 @@ class Worker:
                         budget=functools.partial(self.budget.spent, row),
                         stop=self.stopping,
                     )
+                except RunCancelledError as exc:
+                    return TakeOver(scope.session_id, scope.user_id, reason, "cancelled", str(exc))
                 except (RunTakenError, InvalidEventError) as exc:
                     logger.info(
                         "worker %s: %s was taken first: %s", self.name, scope.describe(), exc

@@ -62,8 +62,15 @@ def who(user_id: Any) -> str:
 
 
 def status(row: SessionRecord) -> str:
-    # a session made by `sessions fork` (Runtime.fork) has had no run yet
-    return "forked" if row.last_run_id is None else row.status
+    """The status a person reads: ``forked`` for a session `sessions fork` made that has
+    had no run yet; ``abandoned`` for a running one whose writer has been silent past its
+    lease (read off the lease and the clock now, never written: a worker takes it over);
+    else the status the log gives it."""
+    from loomflow.runtime.base import abandoned
+
+    if row.last_run_id is None:
+        return "forked"
+    return "abandoned" if abandoned(row) else row.status
 
 
 def timestamp(moment: datetime, *, exact: bool = False) -> str:
@@ -108,6 +115,20 @@ def session_head(row: SessionRecord) -> Table:
         head.add_row("inbox", Text(", ".join(f"{s.name} (seq {s.seq})" for s in row.inbox)))
     if row.status == "stuck" and row.last_error:
         head.add_row("error", Text(row.last_error))
+    if row.status == "cancelled" and row.last_error:
+        head.add_row("cancelled", Text(row.last_error.removeprefix("cancelled: ")))
+    if status(row) == "abandoned":
+        from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
+
+        lease = row.lease_seconds or DEFAULT_LEASE_SECONDS
+        head.add_row(
+            "abandoned",
+            Text(
+                f"run {row.last_run_id} has been silent past its lease ({lease:g} s): a "
+                f"worker hosting agent {row.agent!r} resumes it, `loomflow sessions resume` "
+                "continues it now"
+            ),
+        )
     head.add_row("usage", _usage_line(row.usage))
     head.add_row("created", timestamp(row.created_at))
     head.add_row("last activity", timestamp(row.updated_at))

@@ -1,5 +1,5 @@
 """``loomflow sessions``, ``checkpoints``, ``prune`` and ``signal``: look into a store,
-fork, prune, signal; their parsers and handlers.
+fork, resume, retry, cancel, erase, prune, signal; their parsers and handlers.
 
 Every command reads one store: the SQLite file of a ``SqliteRuntime`` (``--db``), or a
 PostgreSQL read model (``--dsn``, ``--schema``; by default the ``LOOMFLOW_*`` settings,
@@ -10,6 +10,13 @@ a store); ``render`` draws its rows.
 Sessions are scoped by user as in the library: ``--user U`` names the user, no
 ``--user`` means the sessions run without one (``user_id=None``), and only ``ls`` and
 ``prune`` take ``--all-users``. Another user's session is "not found", as a missing one.
+
+The lifecycle verbs: ``resume`` continues a session as ``agent.resume`` does (a person's
+run, with a prompt or the continuation nudge; any session whose run is not live), and
+``retry`` runs a parked (stuck) run once more as a worker's take-over would (no prompt,
+a failure parks it again); both import ``--agent module:factory`` as ``loomflow worker``
+does and run in this process. ``cancel`` stops a run (``runtime.cancel``), ``erase``
+erases a session (``runtime.store.erase``), after asking.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +33,11 @@ from loomflow.cli.options import Refused, parse_when, positive_int
 from loomflow.cli.render import (
     checkpoints_table,
     console,
+    cost,
     count,
     session_head,
     sessions_table,
+    status,
     timestamp,
     transcript,
     who,
@@ -37,7 +47,9 @@ from loomflow.cli.stores import Access, Source, quiet_kafka
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loomflow.runtime import DatabaseStore, Runtime
+    from loomflow.agent import Agent
+    from loomflow.runtime import DatabaseStore, Runtime, Scope
+    from loomflow.schemas import RunResult
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["NAMES", "add_parser"]
@@ -63,8 +75,15 @@ def _id(what: str) -> Callable[[str], str]:
     return check
 
 
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a prompt needs some text; leave --prompt out for none")
+    return text
+
+
 def _parents() -> dict[str, argparse.ArgumentParser]:
-    """Option sets the commands share: the store, one user or every user, writes."""
+    """Option sets the commands share: the store, one user or every user, writes, and
+    the ``--yes`` of a command that asks first."""
     # no argument group around these: argparse moves a mutually exclusive group of a
     # parent parser out of it, so --db and --dsn would be listed apart from --schema
     store = argparse.ArgumentParser(add_help=False)
@@ -107,7 +126,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
         help="append through the Kafka log (KafkaRuntime, the LOOMFLOW_* settings), for a "
         "read model that `loomflow processor` fills; the processor must be running",
     )
-    return {"store": store, "user": user, "users": users, "writes": writes}
+    confirm = argparse.ArgumentParser(add_help=False)
+    confirm.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    return {"store": store, "user": user, "users": users, "writes": writes, "confirm": confirm}
 
 
 def _session_argument(parser: argparse.ArgumentParser) -> None:
@@ -119,6 +140,16 @@ def _session_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _agent_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--agent",
+        required=True,
+        metavar="module:factory",
+        help="what gives the Agents (as for `loomflow worker`, e.g. myapp.agents:build); "
+        "the one named as the session's run recorded runs it",
+    )
+
+
 def _limit_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default: 50)"
@@ -126,14 +157,19 @@ def _limit_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``sessions`` (ls, show, fork), ``checkpoints`` (ls) and ``prune``."""
+    """Add ``sessions`` (ls, show, fork, resume, retry, cancel, erase), ``checkpoints``
+    (ls), ``prune`` and ``signal``."""
     p = _parents()
     sessions = commands.add_parser(
         "sessions",
-        help="list sessions, show one (transcript, checkpoints, forks), fork one",
-        description="Inspect the sessions of a store, or fork one from a checkpoint.",
+        help="list sessions, show, fork, resume, retry, cancel or erase one",
+        description="Inspect the sessions of a store; fork one from a checkpoint; resume, "
+        "retry or cancel its run; erase it. Exit codes: 0 done, 1 not found, refused or "
+        "the run failed, 2 a usage error.",
     )
-    verbs = sessions.add_subparsers(dest="verb", required=True, metavar="{ls,show,fork}")
+    verbs = sessions.add_subparsers(
+        dest="verb", required=True, metavar="{ls,show,fork,resume,retry,cancel,erase}"
+    )
     ls = verbs.add_parser(
         "ls",
         parents=[p["users"], p["store"]],
@@ -184,6 +220,69 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     fork.set_defaults(handler=_handler("sessions fork", _fork, writes=True))
 
+    resume = verbs.add_parser(
+        "resume",
+        parents=[p["user"], p["store"], p["writes"]],
+        help="continue a session in this process, as agent.resume does",
+        description="Continue SESSION from its latest checkpoint with the options its "
+        "run recorded, as agent.resume(PROMPT, session_id=SESSION) does, in this process: "
+        "a stuck, cancelled, failed, finished, waiting or abandoned session (not one whose "
+        "run is live). Without --prompt the run gets the continuation nudge, or goes on "
+        "where it waited; with one, that message (a wait in a tool ends). It is a "
+        "person's run: a failure is recorded as failed, and a worker's budget starts over. "
+        "The Agent comes from module:factory, imported as `loomflow worker` does, by the "
+        "name the run recorded; it runs on the store named here.",
+    )
+    _session_argument(resume)
+    _agent_option(resume)
+    resume.add_argument(
+        "--prompt",
+        type=_prompt,
+        metavar="TEXT",
+        help="a new message to continue with (default: none)",
+    )
+    resume.set_defaults(handler=_handler("sessions resume", _resume, writes=True))
+
+    retry = verbs.add_parser(
+        "retry",
+        parents=[p["user"], p["store"], p["writes"]],
+        help="run a stuck (parked) run once more, in this process",
+        description="Take over the run a worker parked (status stuck), as a worker "
+        "would, in this process: from its latest checkpoint, with the options it "
+        "recorded and no new prompt (a run that waited goes on in its wait). A failure "
+        "parks it again, with the new error. Only for stuck sessions; `sessions resume` "
+        "continues the others. The Agent comes from module:factory, as for `resume`.",
+    )
+    _session_argument(retry)
+    _agent_option(retry)
+    retry.set_defaults(handler=_handler("sessions retry", _retry, writes=True))
+
+    cancel = verbs.add_parser(
+        "cancel",
+        parents=[p["user"], p["store"], p["writes"]],
+        help="stop a session's run; no worker resumes it",
+        description="Append run.cancelled, as runtime.cancel does: a live run stops at its "
+        "next step (its next write is refused, with RunCancelledError), a waiting or "
+        "stuck one stays where it is; no worker resumes the session and it takes no "
+        "signal, until `sessions resume` (or agent.resume) continues it.",
+    )
+    _session_argument(cancel)
+    cancel.add_argument(
+        "--reason", default="", metavar="TEXT", help="why, kept in the log (at most 2000 chars)"
+    )
+    cancel.set_defaults(handler=_handler("sessions cancel", _cancel, writes=True))
+
+    erase = verbs.add_parser(
+        "erase",
+        parents=[p["user"], p["store"], p["writes"], p["confirm"]],
+        help="erase a session everywhere, leaving a tombstone",
+        description="runtime.store.erase: the session's events, transcript, checkpoints "
+        "and journal go from every projection; a tombstone keeps its id from being "
+        "reused, and a run still writing to it is refused. Asks first unless --yes.",
+    )
+    _session_argument(erase)
+    erase.set_defaults(handler=_handler("sessions erase", _erase, writes=True))
+
     checkpoints = commands.add_parser(
         "checkpoints",
         help="list a session's checkpoints",
@@ -203,7 +302,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     prune = commands.add_parser(
         "prune",
-        parents=[p["users"], p["store"], p["writes"]],
+        parents=[p["users"], p["store"], p["writes"], p["confirm"]],
         help="delete sessions, checkpoints and journal steps older than a date",
         description="runtime.store.prune(before=...): sessions last active before WHEN "
         "are deleted whole; in the others, checkpoints and journal steps recorded before "
@@ -217,7 +316,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="an ISO date or datetime (UTC unless it names a zone), or an age: 30d, 12h, 45m, 2w",
     )
     prune.add_argument("--session", type=_id("session id"), metavar="S", help="only this session")
-    prune.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     prune.set_defaults(handler=_handler("prune", _prune, writes=True))
 
     send = commands.add_parser(
@@ -438,14 +536,9 @@ async def _prune(args: argparse.Namespace, runtime: Runtime, out: Console) -> in
         f"{what}: delete those last active before {before} whole, and in the others the "
         "checkpoints and journal steps recorded before it"
     )
-    if not args.yes:
-        if not sys.stdin.isatty():
-            raise Refused(f"would prune {plan}; pass --yes to do it without asking", 2)
-        from rich.prompt import Confirm
-
-        if not Confirm.ask(f"Prune {plan}?", console=out, default=False):
-            out.print("nothing pruned")
-            return 0
+    if not _confirmed(args, out, "prune", plan):
+        out.print("nothing pruned")
+        return 0
     result = await runtime.store.prune(before=args.before, session_id=args.session, user_id=user_id)
     counts = (
         count(result.sessions, "session"),
@@ -454,4 +547,180 @@ async def _prune(args: argparse.Namespace, runtime: Runtime, out: Console) -> in
         count(result.events, "event"),
     )
     out.print(f"deleted {', '.join(counts)} ({what}, before {before})")
+    return 0
+
+
+def _confirmed(args: argparse.Namespace, out: Console, verb: str, plan: str) -> bool:
+    """Whether to do what ``plan`` says: ``--yes``, or a person's yes at a terminal.
+    Without a terminal and without ``--yes``, Refused (exit code 2)."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise Refused(f"would {verb} {plan}; pass --yes to do it without asking", 2)
+    from rich.prompt import Confirm
+
+    return bool(Confirm.ask(f"{verb.capitalize()} {plan}?", console=out, default=False))
+
+
+async def _erase(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
+    from loomflow.runtime import Scope
+
+    row = await _session(runtime, args)
+    scope = Scope(row.session_id, row.user_id)
+    plan = (
+        f"{scope.describe()}: its {count(row.last_seq, 'event')}, transcript, checkpoints "
+        "and journal, from the log and every projection (a tombstone keeps the id from "
+        "being used again)"
+    )
+    if not _confirmed(args, out, "erase", plan):
+        out.print("nothing erased")
+        return 0
+    if not await runtime.store.erase(scope.session_id, user_id=scope.user_id):
+        raise Refused(f"no {scope.describe()}: it was erased meanwhile")
+    out.print(f"erased {scope.describe()}")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
+    from loomflow.errors import SessionNotFoundError
+    from loomflow.runtime import Scope
+
+    row = await _session(runtime, args)
+    scope = Scope(row.session_id, row.user_id)
+    try:
+        seq = await runtime.cancel(scope, args.reason)
+    except SessionNotFoundError:
+        raise Refused(f"no {scope.describe()}: it was erased meanwhile") from None
+    except ValueError as exc:  # the reason
+        raise Refused(str(exc), 2) from None
+    out.print(
+        f"cancelled run {row.last_run_id} of {scope.describe()} (seq {seq}); no worker "
+        f"resumes it: `loomflow sessions resume {scope.session_id} --agent module:factory` "
+        "continues it",
+        markup=False,
+        highlight=False,
+    )
+    return 0
+
+
+async def _resume(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
+    from loomflow.runtime import Scope
+    from loomflow.runtime.base import abandoned
+
+    row = await _session(runtime, args)
+    scope = Scope(row.session_id, row.user_id)
+    if row.status == "running" and row.last_run_id and not abandoned(row, runtime.lease_seconds):
+        raise Refused(
+            f"run {row.last_run_id} of {scope.describe()} is running (its last event "
+            f"{timestamp(row.updated_at)}): cancel it first (`loomflow sessions cancel "
+            f"{scope.session_id}`), or let it end"
+        )
+    async with _hosting(args, row, runtime) as agent:
+        return await _ran(
+            out,
+            scope,
+            agent.resume(args.prompt, session_id=scope.session_id, user_id=scope.user_id),
+            failed="the run failed",
+        )
+
+
+async def _retry(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
+    import os
+    import socket
+
+    from loomflow.runtime import Scope
+
+    row = await _session(runtime, args)
+    scope = Scope(row.session_id, row.user_id)
+    if row.status != "stuck":
+        raise Refused(
+            f"{scope.describe()} is not stuck (it is {status(row)}): retry takes over a run "
+            f"a worker parked; `loomflow sessions resume {scope.session_id}` continues others"
+        )
+    async with _hosting(args, row, runtime) as agent:
+        return await _ran(
+            out,
+            scope,
+            agent.take_over(
+                scope.session_id,
+                user_id=scope.user_id,
+                after_seq=row.last_seq,  # another retry or resume first: RunTakenError
+                worker=f"loomflow sessions retry@{socket.gethostname()}:{os.getpid()}",
+                last_attempt=True,  # a failure parks it again, for a person
+            ),
+            failed="the retry failed (as a last attempt: it parks the run again)",
+        )
+
+
+@asynccontextmanager
+async def _hosting(
+    args: argparse.Namespace, row: SessionRecord, runtime: Runtime
+) -> AsyncIterator[Agent]:
+    """The Agent of ``args.agent`` (module:factory, loaded as `loomflow worker` loads it)
+    that the session's run names, running on the command's ``runtime`` with the run
+    options of the runtime the factory gave it (retention, serializer, lease, retry), as
+    the run would have had in its program. What the factory made is closed after."""
+    from loomflow.agent.agent import DEFAULT_AGENT_NAME
+    from loomflow.cli.worker import load_agents
+
+    try:
+        agents = load_agents(args.agent)
+    except (ValueError, TypeError) as exc:
+        raise Refused(str(exc), 2) from None
+    theirs = {id(a.runtime): a.runtime for a in agents}
+    try:
+        named = {a.name: a for a in agents}
+        wanted = row.agent or (agents[0].name if len(agents) == 1 else DEFAULT_AGENT_NAME)
+        agent = named.get(wanted)
+        if agent is None:
+            raise Refused(
+                f"the run of session {row.session_id} belongs to agent {wanted!r}, which "
+                f"{args.agent} does not give (it gives {', '.join(sorted(named))})"
+            )
+        own = agent.runtime
+        runtime.max_checkpoints_per_session = own.max_checkpoints_per_session
+        runtime.serializer = own.serializer
+        runtime.lease_seconds = own.lease_seconds
+        runtime.retry_seconds = own.retry_seconds
+        agent.runtime = runtime
+        yield agent
+    finally:
+        for each in agents:
+            await each.aclose()
+        for made in theirs.values():
+            if made is not runtime:
+                await made.close()
+
+
+async def _ran(out: Console, scope: Scope, run: Awaitable[RunResult], *, failed: str) -> int:
+    """Await the run; print what became of it (its output on the lines after), or raise
+    Refused (exit code 1) saying why it did not run or how it failed."""
+    from loomflow.errors import RunCancelledError, RunOptionsError, RunTakenError
+
+    try:
+        result = await run
+    except (RunOptionsError, RunTakenError, RunCancelledError) as exc:
+        raise Refused(str(exc)) from None
+    except Exception as exc:
+        raise Refused(
+            f"{failed}: {type(exc).__name__}: {exc}; see `loomflow sessions show "
+            f"{scope.session_id}`"
+        ) from None
+    calls = count(result.model_calls, "model call")
+    if result.waiting_for is not None:
+        out.print(
+            f"run {result.run_id} of {scope.describe()} waits for signal "
+            f"{result.waiting_for!r} ({calls}); send it with `loomflow signal "
+            f"{scope.session_id} {result.waiting_for}`",
+            markup=False,
+            highlight=False,
+        )
+        return 0
+    out.print(
+        f"run {result.run_id} of {scope.describe()}: {result.stop_reason} ({calls}, "
+        f"{count(result.turns, 'turn')} in all, {cost(result.usage)})",
+        markup=False,
+        highlight=False,
+    )
+    out.print(result.output, markup=False, highlight=False)
     return 0

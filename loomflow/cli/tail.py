@@ -155,6 +155,7 @@ def describe(event: Event) -> str:
 
     from loomflow.schemas import (
         CheckpointWritten,
+        RunCancelled,
         RunFailed,
         RunFinished,
         RunStarted,
@@ -197,6 +198,8 @@ def describe(event: Event) -> str:
             )
         case RunFailed(payload=p):
             return ("parked: " if p.parked else "") + f"{p.error_type}: {_short(p.error)}"
+        case RunCancelled(payload=p):
+            return _short(p.reason) if p.reason else "no reason given"
         case CheckpointWritten(payload=p):
             return f"{p.checkpoint_id} at turn {p.turn}, {p.message_count} messages"
         case SessionForked(payload=p):

@@ -114,6 +114,7 @@ def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> lis
                 "s": event.session_id,
                 "epoch": event.epoch,
                 "erased": event.type == "session.erased",
+                "cancelled": event.type == "run.cancelled",
             }
         ).decode()
         for event in outcome.applied

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from loomflow.errors import (
     InvalidEventError,
+    RunCancelledError,
     SequenceConflictError,
     SessionErasedError,
     StaleWriterError,
@@ -24,6 +25,7 @@ from loomflow.schemas import (
     CheckpointWritten,
     Event,
     Message,
+    RunCancelled,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -157,6 +159,9 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
             "start a new session id"
         )
     if event.epoch < session.epoch:
+        if session.status == "cancelled" and event.epoch == session.epoch - 1:
+            # the run the cancel fenced (it claimed the epoch after the run's)
+            raise RunCancelledError.of(event.run_id, scope_of(event).describe())
         raise StaleWriterError(
             f"writer epoch {event.epoch} is older than epoch {session.epoch} of session "
             f"{session.session_id!r}: another run took the session over"
@@ -207,6 +212,13 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
                 # a parked run is not over: the person who resumes it goes on where it
                 # waited, with the signals it was sent
                 changes.update(waiting=None, inbox=())
+        case RunCancelled(payload=p):
+            # as when a worker parks a run, its wait and inbox stay: the person who
+            # resumes it goes on where it stopped
+            changes.update(
+                status="cancelled",
+                last_error=("cancelled: " + (p.reason or "no reason given"))[:500],
+            )
         case RunWaiting(payload=p):
             here = any(s.name == p.signal for s in session.inbox)
             changes.update(

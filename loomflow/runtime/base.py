@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Self
 
 from loomflow.errors import (
+    CancelRefusedError,
     CheckpointNotFoundError,
     CorruptRecordError,
     InvalidIdError,
@@ -27,6 +28,7 @@ from loomflow.schemas import (
     CheckpointMeta,
     Event,
     Message,
+    RunCancelled,
     RunOptions,
     RunStarted,
     SessionForked,
@@ -40,6 +42,7 @@ from loomflow.schemas.codec import Serializer, dumps
 from loomflow.schemas.events import (
     DEFAULT_LEASE_SECONDS,
     MAX_SIGNAL_BYTES,
+    RunCancelledPayload,
     RunStartedPayload,
     SessionForkedPayload,
     SignalSentPayload,
@@ -309,7 +312,7 @@ class Runtime(Resource):
         payload = SignalSentPayload(name=name, data=data)
 
         def receivable(row: SessionRecord) -> None:
-            if row.status in ("finished", "failed", "stuck"):
+            if row.status in ("finished", "failed", "stuck", "cancelled"):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "
                     f"(it is {row.status}); signals go to a run that waits, or that will"
@@ -345,6 +348,58 @@ class Runtime(Resource):
         if seq is None:
             raise SessionNotFoundError(
                 f"no {scope.describe()} to signal; list them with `loomflow sessions ls`"
+            )
+        return seq
+
+    async def cancel(self, scope: Scope, reason: str = "") -> int:
+        """Cancel the session's run; return the seq of its ``run.cancelled`` event.
+
+        From any process, whatever the run is doing: running (live or abandoned), waiting
+        for a signal, or parked by a worker (stuck). The event claims the session (a new
+        epoch), so a live run stops at its next step: its next append is refused with
+        RunCancelledError (on Kafka its runtime hears of the cancel from the projector
+        before that append), and nothing more of it is recorded; a model or tool call
+        in flight completes, unrecorded. Workers never resume a cancelled session, and it
+        refuses signals; ``agent.resume(session_id=...)`` continues it on purpose, where
+        it stopped (a run that waited goes on in its wait, with its inbox).
+
+        Raises SessionNotFoundError for an unknown or erased session (of this user),
+        CancelRefusedError when no run is in flight (the session finished or failed, was
+        cancelled already, or is a fork with no run yet), ValueError for a ``reason``
+        longer than 2,000 characters or holding NUL.
+        """
+        if not isinstance(reason, str) or len(reason) > 2000 or not _text(reason):
+            raise ValueError(
+                "a cancel's reason is a string of <= 2000 characters without NUL or lone "
+                f"surrogates, not {reason!r}"[:300]
+            )
+
+        def cancellable(row: SessionRecord) -> None:
+            if row.last_run_id is None:
+                raise CancelRefusedError(
+                    f"{scope.describe()} has had no run yet (it was forked): nothing to "
+                    "cancel; erase it if it is not wanted"
+                )
+            if row.status in ("finished", "failed", "cancelled"):
+                raise CancelRefusedError(
+                    f"{scope.describe()} has no run in flight to cancel: it is "
+                    f"{row.status}; no worker resumes it"
+                )
+
+        try:
+            seq = await self._store.append_admin(
+                scope,
+                RunCancelled,
+                RunCancelledPayload(reason=reason),
+                claim=True,
+                check=cancellable,
+                latest_run=True,
+            )
+        except SequenceConflictError:
+            raise SessionBusyError(f"{scope.describe()} keeps changing; cancel it again") from None
+        if seq is None:
+            raise SessionNotFoundError(
+                f"no {scope.describe()} to cancel; list them with `loomflow sessions ls`"
             )
         return seq
 

@@ -11,7 +11,8 @@ Consistency, as a user meets it:
   both think they own a session.
 - A fenced writer learns it from the projector's notifications (a newer epoch applied,
   or one of its events refused) and raises the embedded runtimes' typed error before its
-  next append; at the latest when its run ends (``confirm``).
+  next append; at the latest when its run ends (``confirm``). A cancel is such a newer
+  epoch, and its notification says so: the cancelled run raises RunCancelledError.
 - Reads see the log: a listing or a checkpoint read first waits until the projector has
   passed the end of the session's partition as it was when the read began, so it sees
   every append Kafka acknowledged before it, this process's or another's. A resume folds
@@ -38,6 +39,7 @@ from loomflow.errors import (
     InvalidEventError,
     InvalidIdError,
     ProjectionTimeoutError,
+    RunCancelledError,
     SessionErasedError,
     StaleWriterError,
     StoreError,
@@ -82,6 +84,7 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
     for cls in (
         errors.InvalidEventError,
         errors.StaleWriterError,
+        errors.RunCancelledError,
         errors.SequenceConflictError,
         errors.SessionErasedError,
     )
@@ -142,6 +145,8 @@ class _Watch:
     #: the newest epoch the projector applied to the session (from its notifications)
     epoch: int = 0
     erased: bool = False
+    #: the epoch of the newest cancel heard of: it fenced the run of the epoch before it
+    cancelled: int | None = None
     #: (error type, reason) of the first refusal heard of one of ``unconfirmed``
     refusal: tuple[str, str] | None = None
     #: partition -> the highest offset of this store's appends
@@ -420,6 +425,8 @@ class KafkaStore(EventStore):
         if watch.erased:
             raise SessionErasedError(f"{scope.describe()} was erased; start a new session id")
         if event.epoch < watch.epoch:
+            if watch.cancelled is not None and event.epoch == watch.cancelled - 1:
+                raise RunCancelledError.of(event.run_id, scope.describe())
             raise StaleWriterError(
                 f"writer epoch {event.epoch} is older than epoch {watch.epoch} of "
                 f"{scope.describe()}: another run took the session over"
@@ -443,7 +450,8 @@ class KafkaStore(EventStore):
         }
 
     def _heard(self, note: dict[str, Any]) -> None:
-        """A projector's notification: a session's new epoch, or a refused event."""
+        """A projector's notification: a session's new epoch (of a cancel, an erasure),
+        or a refused event."""
         try:
             scope = Scope.of(note.get("s"), note.get("u"))
         except InvalidIdError:
@@ -452,8 +460,11 @@ class KafkaStore(EventStore):
         if watch is None:
             return  # not a session this store writes to
         if "epoch" in note:
-            watch.epoch = max(watch.epoch, int(note["epoch"]))
+            epoch = int(note["epoch"])
+            watch.epoch = max(watch.epoch, epoch)
             watch.erased = watch.erased or bool(note.get("erased"))
+            if note.get("cancelled"):
+                watch.cancelled = max(watch.cancelled or 0, epoch)
         elif note.get("event") in watch.unconfirmed and watch.refusal is None:
             watch.refusal = (str(note.get("error")), str(note.get("reason")))
 

@@ -155,13 +155,16 @@ class EventStore(Resource, ABC):
         *,
         claim: bool = False,
         check: Callable[[SessionRecord], None] | None = None,
+        latest_run: bool = False,
     ) -> int | None:
         """Append one event outside any run, right after the session's last one; return
         its seq, or None when the session does not exist or was erased.
 
         It is written at the session's current epoch (it fences nobody), or with
-        ``claim`` at the next one (a claiming event: a signal). ``check`` sees the row
-        first and raises to refuse; it sees it again each time a writer got in first.
+        ``claim`` at the next one (a claiming event: a signal, a cancel). ``check`` sees
+        the row first and raises to refuse; it sees it again each time a writer got in
+        first. ``latest_run``: the event is one of the session's latest run (a cancel
+        ends it), under that run's id; else under a new one.
         """
         for _ in range(8):
             row = await self.session(scope)
@@ -172,7 +175,7 @@ class EventStore(Resource, ABC):
             event = cls(
                 user_id=scope.user_id,
                 session_id=scope.session_id,
-                run_id=new_id("run"),
+                run_id=row.last_run_id if latest_run and row.last_run_id else new_id("run"),
                 seq=row.last_seq + 1,
                 epoch=row.epoch + 1 if claim else row.epoch,
                 payload=payload,

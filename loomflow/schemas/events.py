@@ -28,6 +28,7 @@ __all__ = [
     "CheckpointsPruned",
     "Event",
     "EventBase",
+    "RunCancelled",
     "RunFailed",
     "RunFinished",
     "RunHeartbeat",
@@ -259,6 +260,14 @@ class RunHeartbeatPayload(BaseModel):
     model_config = _FROZEN
 
 
+class RunCancelledPayload(BaseModel):
+    """A person (``loomflow sessions cancel``, ``runtime.cancel``) stopped the session's
+    run: its writer is fenced (the event claims a new epoch), and no worker resumes it."""
+
+    model_config = _FROZEN
+    reason: str = Field(default="", max_length=2000)
+
+
 class RunWaitingPayload(BaseModel):
     """The run stopped to wait for a signal; a worker resumes it once the signal is in
     the session's inbox, or once ``until`` has passed."""
@@ -340,6 +349,13 @@ class RunWaiting(EventBase):
     payload: RunWaitingPayload
 
 
+class RunCancelled(EventBase):
+    """Written under the run_id of the run it stops (the session's latest)."""
+
+    type: Literal["run.cancelled"] = "run.cancelled"
+    payload: RunCancelledPayload = Field(default_factory=RunCancelledPayload)
+
+
 Event = Annotated[
     RunStarted
     | RunFinished
@@ -353,15 +369,16 @@ Event = Annotated[
     | SessionErased
     | SignalSent
     | RunHeartbeat
-    | RunWaiting,
+    | RunWaiting
+    | RunCancelled,
     Field(discriminator="type"),
 ]
 
 
 #: events that claim the session for a new writer (a new epoch): a run's start, a fork's
-#: origin, an erasure, and a signal (which takes the session from a run that waits or
-#: whose writer went silent)
-CLAIM_TYPES = (RunStarted, SessionForked, SessionErased, SignalSent)
+#: origin, an erasure, a signal (which takes the session from a run that waits or whose
+#: writer went silent), and a cancel (which fences the run it stops)
+CLAIM_TYPES = (RunStarted, SessionForked, SessionErased, SignalSent, RunCancelled)
 
 
 @functools.cache

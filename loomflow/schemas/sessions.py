@@ -11,10 +11,14 @@ from loomflow.schemas.messages import Usage
 
 __all__ = ["PendingSignal", "SessionRecord", "SessionStatus", "Waiting"]
 
-#: running: a writer holds it (or held it, and went silent: abandoned); waiting: its run
-#: stopped to wait for a signal; signalled: the signal it waits for came (a worker resumes
-#: it); stuck: a worker gave up on it
-SessionStatus = Literal["running", "waiting", "signalled", "finished", "failed", "stuck", "erased"]
+#: running: a writer holds it (or held it, and went silent: abandoned, which readers derive
+#: from the lease and the clock, see ``runtime.base.abandoned``); waiting: its run stopped
+#: to wait for a signal; signalled: the signal it waits for came (a worker resumes it);
+#: stuck: a worker gave up on it; cancelled: a person stopped its run (no worker resumes
+#: it; ``agent.resume`` continues it)
+SessionStatus = Literal[
+    "running", "waiting", "signalled", "finished", "failed", "stuck", "cancelled", "erased"
+]
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ class SessionRecord:
     waiting: Waiting | None = None
     inbox: tuple[PendingSignal, ...] = ()
     #: runs a worker started since the session last finished or waited, and the error
-    #: of the last failed run: a worker's bounded retries, kept across processes
+    #: of the last failed run (or why its run was cancelled): a worker's bounded retries,
+    #: kept across processes
     attempts: int = 0
     last_error: str | None = None
     #: the metadata and options the latest run recorded in its run.started: what a run

@@ -42,7 +42,8 @@ and closes each one itself::
   on the runtime: one checkpoint per pass, resume without repeating a model or tool call,
   ``prompt=None``, forks (also under a ``user_id``), listing, retention (20 by default),
   prune, erase, the journal with and without checkpoints, writes that fail or land in
-  doubt, and a fenced stale writer.
+  doubt, a fenced stale writer, signals, and cancels (a run cancelled from another
+  runtime stops at its next step; no worker resumes it).
 - :class:`LogReaderConformance` reads the log its fixture ``log`` holds (a
   :class:`ReadableLog`: a store that writes to it, readers of it from a :data:`Start`, a
   record that does not decode): every record once, in log order, with positions; a
@@ -89,6 +90,7 @@ pytest.register_assert_rewrite(
     "loomflow.testing.fencing",
     "loomflow.testing.retention",
     "loomflow.testing.signals",
+    "loomflow.testing.cancel",
     "loomflow.testing.keywords",
     "loomflow.testing.log",
     "loomflow.testing.sqlite_log",

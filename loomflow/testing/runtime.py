@@ -6,7 +6,8 @@ feature, each in a module of its own: :mod:`~loomflow.testing.checkpoints`,
 :mod:`~loomflow.testing.resume`, :mod:`~loomflow.testing.forks`,
 :mod:`~loomflow.testing.failures`, :mod:`~loomflow.testing.journal`,
 :mod:`~loomflow.testing.fencing`, :mod:`~loomflow.testing.retention`,
-:mod:`~loomflow.testing.signals` and :mod:`~loomflow.testing.keywords`. The agents are
+:mod:`~loomflow.testing.signals`, :mod:`~loomflow.testing.cancel` and
+:mod:`~loomflow.testing.keywords`. The agents are
 scripted (:mod:`loomflow.testing.scenario`), so a repeated model or tool call shows in
 the counts, and a crash is a ``BaseException`` raised mid-run.
 """
@@ -14,6 +15,7 @@ the counts, and a crash is a ``BaseException`` raised mid-run.
 from __future__ import annotations
 
 from loomflow.testing._support import Suite, opened_fixture, required_fixture
+from loomflow.testing.cancel import Cancellation
 from loomflow.testing.checkpoints import Checkpoints
 from loomflow.testing.failures import Failures
 from loomflow.testing.fencing import Fencing
@@ -36,6 +38,7 @@ class RuntimeConformance(
     Fencing,
     Retention,
     Signals,
+    Cancellation,
     RunKeywords,
     Suite,
 ):

@@ -5,11 +5,12 @@ an unknown session or past its wait's deadline is refused or kept for a later wa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 
 import pytest
 
-from loomflow import Agent, wait_for_signal
+from loomflow import Agent, Message, wait_for_signal
 from loomflow.errors import SessionNotFoundError, SignalRefusedError, SignalTimeoutError
 from loomflow.models import ScriptedModel
 from loomflow.runtime import Runtime, Scope
@@ -20,8 +21,13 @@ from loomflow.testing._support import Opened
 __all__ = ["Signals"]
 
 
-def _approval(runtime: Runtime, seen: list[object]) -> Agent:
-    """An agent whose tool waits for the signal "approve" and returns what it carried."""
+def _approval(
+    runtime: Runtime,
+    seen: list[object],
+    on_call: Callable[[Sequence[Message]], Awaitable[None]] | None = None,
+) -> Agent:
+    """An agent whose tool waits for the signal "approve" and returns what it carried;
+    its model awaits ``on_call`` with each request first, when given."""
 
     async def approve(amount: int) -> str:
         """Ask a person to approve a payment."""
@@ -29,7 +35,7 @@ def _approval(runtime: Runtime, seen: list[object]) -> Agent:
         seen.append(answer)
         return f"approved: {answer}"
 
-    model = ScriptedModel([ScriptedModel.tool_call("approve", amount=5), "Paid."])
+    model = ScriptedModel([ScriptedModel.tool_call("approve", amount=5), "Paid."], on_call=on_call)
     return Agent("You pay.", model=model, runtime=runtime, tools=[approve])
 
 

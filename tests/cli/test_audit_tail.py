@@ -16,8 +16,8 @@ import pytest
 from loomflow.cli import main
 from loomflow.cli.tail import describe
 from loomflow.runtime import SqliteRuntime
-from loomflow.schemas import RunStarted
-from loomflow.schemas.events import RunStartedPayload
+from loomflow.schemas import RunCancelled, RunStarted
+from loomflow.schemas.events import RunCancelledPayload, RunStartedPayload
 from tests.support.scenario import Research
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,3 +194,10 @@ def test_tail_names_the_run_a_new_claim_interrupted() -> None:
         payload=RunStartedPayload(mode="resume", interrupted="run1"),
     )
     assert describe(event) == "resume, interrupting run run1"
+
+
+def test_tail_says_why_a_run_was_cancelled() -> None:
+    common = {"session_id": "s1", "run_id": "run1", "seq": 9, "epoch": 2}
+    said = RunCancelled(payload=RunCancelledPayload(reason="paid by hand"), **common)
+    assert describe(said) == "paid by hand"
+    assert describe(RunCancelled(**common)) == "no reason given"

@@ -18,8 +18,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from loomflow import Agent, Tuning
+from loomflow import Agent, Tuning, new_id
 from loomflow.cli import main
+from loomflow.errors import ModelError
 from loomflow.models import ScriptedModel
 from loomflow.projections.fold import CheckpointRow
 from loomflow.runtime import (
@@ -30,7 +31,10 @@ from loomflow.runtime import (
     Scope,
     SqliteRuntime,
 )
+from loomflow.schemas import RunStarted, utcnow
+from loomflow.schemas.events import RunStartedPayload
 from loomflow.schemas.sessions import SessionRecord
+from tests.support import lifecycle
 from tests.support.services import postgres_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -421,6 +425,222 @@ def test_piped_output_keeps_each_row_whole_on_one_line(journal: tuple[Path, Sess
     assert made.ada in fork_line and "ada" in fork_line.split() and "\x1b" not in done.stdout
 
 
+# --- resume, retry, cancel, erase; abandoned -------------------------------------------------
+
+LIFECYCLE = "tests.support.lifecycle"
+
+
+def _ids(text: str) -> list[str]:
+    return re.findall(r"ckpt[0-9a-z]{26}", text)
+
+
+def test_cancel_keeps_workers_and_signals_off_a_run_until_resume_continues_it(
+    cli: Cli, tmp_path: Path
+) -> None:
+    from loomflow.agent.worker import Worker
+
+    db = tmp_path / "journal.db"
+    lifecycle.APPROVALS.clear()
+
+    async def wait() -> None:
+        async with SqliteRuntime(db) as runtime:
+            agent = lifecycle.payer(runtime)
+            result = await agent.run("Pay invoice 7.", session_id="inv-7", user_id="ada")
+            assert result.stop_reason == "waiting"
+
+    asyncio.run(wait())
+    store = ["--db", str(db), "--user", "ada"]
+    ran = cli("sessions", "cancel", "inv-7", *store, "--reason", "paid by hand")
+    assert ran.code == 0, ran.err
+    row = _row(db, "inv-7", "ada")
+    assert row is not None and row.status == "cancelled"
+    said = f"cancelled run {row.last_run_id} of session inv-7 (user ada) (seq {row.last_seq})"
+    assert ran.out.startswith(said)
+    (line,) = _lines_with(cli("sessions", "ls", *store).out, "inv-7")
+    assert "cancelled" in line.split()
+    assert _lines_with(cli("sessions", "show", "inv-7", *store).out, "cancelled", "paid by hand")
+
+    async def scan() -> list[object]:
+        async with SqliteRuntime(db) as runtime:
+            return list(await Worker([lifecycle.payer(runtime)]).scan())
+
+    assert asyncio.run(scan()) == []  # no worker takes it
+    ran = cli("signal", "inv-7", "approve", "--json", '{"ok": true}', *store)
+    assert ran.code == 1 and "it is cancelled" in ran.err
+    ran = cli("sessions", "cancel", "inv-7", *store)
+    assert ran.code == 1 and "no run in flight to cancel: it is cancelled" in ran.err
+    assert _row(db, "inv-7", "ada") == row  # nothing was appended by either
+
+    resume = ["sessions", "resume", "inv-7", *store, "--agent", f"{LIFECYCLE}:payer"]
+    ran = cli(*resume, "--prompt", "Never mind: it was paid by hand.")
+    assert ran.code == 0, ran.err
+    head, output = ran.out.splitlines()
+    assert "of session inv-7 (user ada): completed (1 model call, 2 turns in all" in head
+    assert output == "Paid." and lifecycle.APPROVALS == []  # the wait ended with the prompt
+    row = _row(db, "inv-7", "ada")
+    assert row is not None and row.status == "finished"
+
+
+def test_retry_takes_a_stuck_run_over_once_and_resume_continues_it_with_a_prompt(
+    cli: Cli, tmp_path: Path
+) -> None:
+    db = tmp_path / "journal.db"
+
+    async def park() -> None:  # a first attempt and a worker's last one fail: parked
+        async with SqliteRuntime(db) as runtime:
+            agent = lifecycle.researcher(replies=1, runtime=runtime)
+            with pytest.raises(ModelError):
+                await agent.run("How many people live in Oslo?", session_id="oslo")
+            row = await runtime.session(Scope("oslo"))
+            assert row is not None
+            with pytest.raises(ModelError):
+                await agent.take_over(
+                    "oslo", user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
+                )
+
+    lifecycle.TOOL_RUNS.clear()
+    asyncio.run(park())
+    assert lifecycle.TOOL_RUNS["Oslo"] == 1
+    assert "oslo" in cli("sessions", "ls", "--db", str(db), "--stuck").out
+    retry = ["sessions", "retry", "oslo", "--db", str(db), "--agent"]
+
+    ran = cli(*retry, f"{LIFECYCLE}:broken")
+    assert ran.code == 1 and ran.out == ""
+    assert "the retry failed (as a last attempt: it parks the run again): ModelError" in ran.err
+    row = _row(db, "oslo", None)
+    assert row is not None and row.status == "stuck" and "has 0 replies" in str(row.last_error)
+
+    ran = cli(*retry, f"{LIFECYCLE}:researcher")
+    assert ran.code == 0, ran.err
+    head, output = ran.out.splitlines()
+    assert "of session oslo (no user): completed (1 model call, 2 turns in all" in head
+    assert output == "Oslo has 709000 people."
+    assert lifecycle.TOOL_RUNS["Oslo"] == 1  # recorded, so replayed: never run again
+    events = _read(db, lambda runtime: runtime.store.read_events(Scope("oslo")))
+    assert isinstance(events, list)
+    (took,) = [e for e in events if isinstance(e, RunStarted) and e.run_id in head]
+    assert str(took.payload.worker).startswith("loomflow sessions retry@")
+    ran = cli(*retry, f"{LIFECYCLE}:researcher")
+    assert ran.code == 1 and "session oslo (no user) is not stuck (it is finished)" in ran.err
+
+    before = _ids(cli("checkpoints", "ls", "oslo", "--db", str(db)).out)
+    resume = ["sessions", "resume", "oslo", "--db", str(db), "--agent", f"{LIFECYCLE}:researcher"]
+    ran = cli(*resume, "--prompt", "And Bergen?")
+    assert ran.code == 0, ran.err
+    assert ran.out.splitlines()[-1] == "Bergen is smaller."
+    # the retention of the factory's runtime (one checkpoint), not this command's default
+    after = _ids(cli("checkpoints", "ls", "oslo", "--db", str(db)).out)
+    assert len(before) == len(after) == 1 and before != after
+
+
+def test_a_run_silent_past_its_lease_lists_as_abandoned_and_resume_takes_it_not_a_live_one(
+    cli: Cli, tmp_path: Path
+) -> None:
+    db = tmp_path / "journal.db"
+    silent = RunStarted(
+        session_id="gone",
+        run_id="run-gone",
+        seq=1,
+        epoch=1,
+        at=utcnow() - timedelta(minutes=5),
+        payload=RunStartedPayload(agent="agent", lease_seconds=30),
+    )
+
+    async def make() -> None:
+        async with SqliteRuntime(db) as runtime:
+            await runtime.store.append([silent])
+            await runtime.open_session(Scope("live"), run_id=new_id("run"), agent="agent")
+
+    asyncio.run(make())
+    listed = cli("sessions", "ls", "--db", str(db)).out
+    (gone,) = _lines_with(listed, "gone")
+    (live,) = _lines_with(listed, "live")
+    assert "abandoned" in gone.split() and "running" in live.split()
+    shown = cli("sessions", "show", "gone", "--db", str(db)).out
+    assert _lines_with(shown, "abandoned", "run run-gone has been silent past its lease (30 s)")
+
+    resume = ["sessions", "resume", "--db", str(db), "--agent", f"{LIFECYCLE}:researcher"]
+    ran = cli(*resume, "live", "--prompt", "How many people live in Oslo?")
+    assert ran.code == 1 and "is running" in ran.err and "sessions cancel live" in ran.err
+    ran = cli(*resume, "gone", "--prompt", "How many people live in Oslo?")
+    assert ran.code == 0, ran.err
+    assert ran.out.splitlines()[-1] == "Oslo has 709000 people."
+    events = _read(db, lambda runtime: runtime.store.read_events(Scope("gone")))
+    assert isinstance(events, list)
+    assert [e.payload.interrupted for e in events if isinstance(e, RunStarted)] == [
+        None,
+        "run-gone",
+    ]
+
+
+def test_erase_asks_first_and_then_leaves_a_tombstone(
+    cli: Cli, journal: tuple[Path, Sessions], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db, made = journal
+    erase = ["sessions", "erase", made.bob, "--db", str(db), "--user", "bob"]
+    ran = cli(*erase)
+    assert ran.code == 2 and "would erase session" in ran.err and "--yes" in ran.err
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("n\n"))
+    ran = cli(*erase)
+    assert ran.code == 0 and "nothing erased" in ran.out
+    row = _row(db, made.bob, "bob")
+    assert row is not None and row.status == "finished"
+    monkeypatch.setattr(sys, "stdin", Terminal("y\n"))
+    ran = cli(*erase)
+    assert ran.code == 0 and f"erased session {made.bob} (user bob)" in ran.out
+    row = _row(db, made.bob, "bob")
+    assert row is not None and row.status == "erased"  # the tombstone
+    events = _read(db, lambda runtime: runtime.store.read_events(Scope(made.bob, "bob")))
+    assert isinstance(events, list) and [e.type for e in events] == ["session.erased"]
+    assert made.bob not in cli("sessions", "ls", "--db", str(db), "--all-users").out
+    ran = cli(*erase, "--yes")
+    assert ran.code == 1 and "was erased" in ran.err
+    ran = cli("sessions", "erase", made.anon, "--db", str(db), "--yes")
+    assert ran.code == 0 and _row(db, made.ada, "ada") is not None
+
+
+def test_the_lifecycle_verbs_refuse_bad_input_with_one_line_and_an_exit_code(
+    cli: Cli, journal: tuple[Path, Sessions]
+) -> None:
+    db, made = journal
+    agent = ["--agent", f"{LIFECYCLE}:researcher"]
+    ada = [made.ada, "--user", "ada"]
+    cases: list[tuple[list[str], int, str]] = [
+        (["sessions", "resume", made.ada, "--user", "bob", *agent], 1, f"no session {made.ada}"),
+        (["sessions", "retry", "nope", "--user", "ada", *agent], 1, "no session nope (user ada)"),
+        (["sessions", "cancel", made.ada], 1, f"no session {made.ada} (no user)"),
+        (["sessions", "erase", "nope", "--yes"], 1, "no session nope (no user)"),
+        (["sessions", "retry", *ada, *agent], 1, "is not stuck (it is finished)"),
+        (["sessions", "cancel", *ada], 1, "no run in flight to cancel: it is finished"),
+        (["sessions", "resume", *ada, "--agent", "nocolon"], 2, "is not module:factory"),
+        (["sessions", "resume", *ada, "--agent", f"{LIFECYCLE}:nope"], 2, "no attribute 'nope'"),
+        (
+            ["sessions", "resume", *ada, "--agent", f"{LIFECYCLE}:others"],
+            1,
+            "belongs to agent 'agent', which tests.support.lifecycle:others does not give "
+            "(it gives billing, support)",
+        ),
+        (["sessions", "resume", *ada, *agent, "--prompt", " "], 2, "a prompt needs some text"),
+        (["sessions", "resume", *ada], 2, "--agent"),
+        (["sessions", "cancel", *ada, "--kafka"], 2, "--kafka goes with"),
+        (["sessions", "cancel", *ada, "--reason", "x" * 2001], 2, "reason is a string of <= 2000"),
+        (["sessions", "erase", "a b", "--yes"], 2, "invalid session id"),
+    ]
+    before = cli("sessions", "ls", "--db", str(db), "--all-users").out
+    for argv, code, message in cases:
+        ran = cli(*argv, "--db", str(db))
+        assert (ran.code, ran.out) == (code, ""), (argv, ran)
+        assert message in ran.err, (argv, ran.err)
+        # one line of ours, or argparse's usage and its line
+        assert len(ran.err.splitlines()) == 1 or ran.err.startswith("usage: "), ran.err
+    assert cli("sessions", "ls", "--db", str(db), "--all-users").out == before  # nothing made
+
+
 # --- PostgreSQL --------------------------------------------------------------------------
 
 
@@ -518,6 +738,29 @@ def test_on_postgresql_with_dsn_and_schema_options(
 
 
 @pytest.mark.postgres
+def test_the_lifecycle_verbs_on_postgresql_with_the_settings_alone(cli: Cli, schema: str) -> None:
+    async def wait(runtime: Runtime) -> str:
+        result = await lifecycle.payer(runtime).run("Pay invoice 7.", session_id="inv-7")
+        return result.stop_reason
+
+    assert _on_postgres(wait) == "waiting"
+    ran = cli("sessions", "cancel", "inv-7", "--reason", "paid by hand")
+    assert ran.code == 0 and ran.out.startswith("cancelled run run"), ran.err
+    (line,) = _lines_with(cli("sessions", "ls").out, "inv-7")
+    assert "cancelled" in line.split()
+    ran = cli("sessions", "resume", "inv-7", "--agent", f"{LIFECYCLE}:payer", "--prompt", "Paid.")
+    assert ran.code == 0 and ran.out.splitlines()[-1] == "Paid.", ran.err
+    ran = cli("sessions", "retry", "inv-7", "--agent", f"{LIFECYCLE}:payer")
+    assert ran.code == 1 and "is not stuck (it is finished)" in ran.err
+    ran = cli("sessions", "cancel", "inv-7")
+    assert ran.code == 1 and "it is finished" in ran.err
+    ran = cli("sessions", "erase", "inv-7", "--yes")
+    assert ran.code == 0 and "erased session inv-7 (no user)" in ran.out, ran.err
+    row = _on_postgres(lambda runtime: runtime.session(Scope("inv-7")))
+    assert isinstance(row, SessionRecord) and row.status == "erased"
+
+
+@pytest.mark.postgres
 def test_writes_into_a_read_model_that_kafka_feeds_need_kafka(cli: Cli, schema: str) -> None:
     made = _on_postgres(_make_sessions)
     assert isinstance(made, Sessions)
@@ -534,9 +777,14 @@ def test_writes_into_a_read_model_that_kafka_feeds_need_kafka(cli: Cli, schema: 
 
     asyncio.run(fed_by_kafka())
     older = made.checkpoints[-1].checkpoint_id
+    agent = ["--agent", f"{LIFECYCLE}:researcher"]
     for argv in (
         ["sessions", "fork", made.ada, "--from", older, "--user", "ada"],
         ["prune", "--before", "0s", "--all-users", "--yes"],
+        ["sessions", "cancel", made.ada, "--user", "ada"],
+        ["sessions", "erase", made.ada, "--user", "ada", "--yes"],
+        ["sessions", "resume", made.ada, "--user", "ada", *agent, "--prompt", "And Bergen?"],
+        ["sessions", "retry", made.ada, "--user", "ada", *agent],
     ):
         ran = cli(*argv)
         assert ran.code == 2 and "pass --kafka" in ran.err, ran

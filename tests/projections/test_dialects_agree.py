@@ -3,8 +3,8 @@
 The log is written once, by agents on an in-process runtime whose store keeps what it was
 asked to do, in order (each append it took, each prune): runs that finish, fail, crash
 and resume, journal steps, checkpoints under retention, a fork, waits and a signal, a
-compaction, a heartbeat, checkpoints pruned by event, an erasure, and prunes of a whole
-session and of what came before a time. The same appends and prunes are then made to a
+cancel, a compaction, a heartbeat, checkpoints pruned by event, an erasure, and prunes of
+a whole session and of what came before a time. The same appends and prunes are then made to a
 new store of each dialect, and everything a caller can read of each session is compared.
 
 Nothing is normalised before the comparison: every dialect keeps an event's time to the
@@ -128,6 +128,9 @@ async def _write_the_log() -> list[Op]:
             ran = await _approval(runtime).run("Pay.", session_id=waiting, user_id="bob")
             assert ran.stop_reason == "waiting"
         await runtime.signal(Scope("signalled", "bob"), "approve", {"ok": True, "n": 1.5})
+        # cancelled as it waits: it keeps its wait, leaves the runs in flight
+        await _approval(runtime).run("Pay.", session_id="cancelled", user_id="bob")
+        await runtime.cancel(Scope("cancelled", "bob"), "paid by hand")
 
         # what no agent of these writes, through the store's append
         log = SessionLog("compacted", "ada")

@@ -8,6 +8,7 @@ import pytest
 
 from loomflow.errors import (
     InvalidEventError,
+    RunCancelledError,
     SequenceConflictError,
     SessionErasedError,
     StaleWriterError,
@@ -27,6 +28,7 @@ from loomflow.schemas import (
     CheckpointWritten,
     Event,
     Message,
+    RunCancelled,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -322,6 +324,31 @@ def test_a_parked_run_keeps_its_wait_and_inbox_for_the_person_who_resumes_it() -
     assert row.status == "stuck"
     assert row.waiting is not None and row.waiting.signal == "approve"
     assert [s.name for s in row.inbox] == ["approve"]
+
+
+def _cancelled(seq: int, epoch: int, reason: str = "") -> Event:
+    return _event(RunCancelled, seq, epoch, reason=reason)
+
+
+def test_a_cancel_fences_its_run_and_keeps_the_wait_for_whoever_resumes_it() -> None:
+    row, mutations = run([started(), _waits(2), _signal(3, "other"), _cancelled(4, 3, "oops")])
+    assert (row.status, row.epoch, row.last_run_id, mutations) == ("cancelled", 3, "r", [])
+    assert row.last_error == "cancelled: oops"
+    assert row.waiting is not None and [s.name for s in row.inbox] == ["other"]
+    plain, _ = run([started(), _cancelled(2, 2)])
+    assert plain.last_error == "cancelled: no reason given"
+    # the cancelled run's next write names the cancel; one fenced before it does not
+    with pytest.raises(RunCancelledError, match=r"run r of session s \(no user\) was cancelled"):
+        fold(plain, turn(3, "late", epoch=1))
+    fenced, _ = run([started(), started(2, epoch=2), _cancelled(3, 3)])
+    with pytest.raises(StaleWriterError) as refused:
+        fold(fenced, turn(4, "older still", epoch=1))
+    assert not isinstance(refused.value, RunCancelledError)
+    # what an administrator appends at the session's epoch goes in; a resume claims it
+    pruned, _ = fold(plain, _event(CheckpointsPruned, 3, 2, checkpoint_ids=["ckpt1"]))
+    assert pruned.status == "cancelled"
+    resumed, _ = fold(pruned, started(4, epoch=3))
+    assert (resumed.status, resumed.epoch) == ("running", 3)
 
 
 def test_a_wait_is_signalled_only_by_a_signal_of_its_name() -> None:

@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from loomflow import Message
-from loomflow.errors import ProjectionTimeoutError, StaleWriterError, StoreError
+from loomflow.errors import (
+    ProjectionTimeoutError,
+    RunCancelledError,
+    StaleWriterError,
+    StoreError,
+)
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
@@ -126,6 +131,38 @@ async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: K
     assert state is not None
     assert [m.content for m in state.messages] == ["before", "mine"]
     for runtime in (zombie_rt, fresh_rt, blind_rt):
+        await runtime.close()
+
+
+async def test_a_cancelled_writer_hears_of_it_and_writes_nothing_more_to_the_log(
+    env: KafkaEnv,
+) -> None:
+    await env.start_projector()
+    scope = Scope("s1")
+    running_rt, operator_rt = env.runtime(), env.runtime()
+    writer = await running_rt.open_session(scope, run_id=new_id("run"))
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("before")]))
+    seq = await operator_rt.cancel(scope, "stop")  # `loomflow sessions cancel` elsewhere
+
+    # the projector's notification of the cancel's epoch says it is a cancel: the running
+    # runtime refuses the run's next append with the typed error, before the log sees it
+    watch = running_rt.store._watches[scope]
+    await eventually(lambda: watch.cancelled == writer.epoch + 1, what="the cancel's notification")
+    ends = await env.end_offsets()
+    with pytest.raises(RunCancelledError, match=f"run {writer.run_id} of session s1"):
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("late")]))
+    assert await env.end_offsets() == ends, "a cancelled writer still wrote to the log"
+
+    # one that never heard (its process was asleep): the projector refuses its event with
+    # the same error, which the writer learns when its run confirms
+    blind_rt = env.runtime()
+    stale = writer.make(TurnAppended, TurnAppendedPayload(messages=[Message.user("stale")]))
+    await blind_rt.store.append([stale])
+    with pytest.raises(RunCancelledError, match=f"run {writer.run_id} of session s1"):
+        await blind_rt.store.confirm(scope)
+    row = await operator_rt.store.session(scope)
+    assert row is not None and (row.status, row.last_seq) == ("cancelled", seq)
+    for runtime in (running_rt, operator_rt, blind_rt):
         await runtime.close()
 
 

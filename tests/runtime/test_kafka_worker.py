@@ -1,5 +1,6 @@
-"""The resume worker and durable signals on Kafka: the same proofs as on SQLite
-(tests/agent/test_worker.py), with the log on the broker and the projector between."""
+"""The resume worker, durable signals and the lifecycle verbs on Kafka: the same proofs as
+on SQLite (tests/agent/test_worker.py, tests/cli/test_sessions.py), with the log on the
+broker and the projector between."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from loomflow import Agent, Message, Role, Tuning
 from loomflow.agent.worker import Worker
+from loomflow.errors import ModelError, RunCancelledError
 from loomflow.models.scripted import ScriptedModel
 from loomflow.runtime import Scope
 from loomflow.runtime.base import abandoned
+from tests.support import lifecycle
 from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.scenario import Research
 from tests.support.signals import approval_agent
@@ -140,3 +144,70 @@ async def test_a_kafka_run_waits_across_processes_and_goes_on_with_the_signal(
     assert seen == [{"ok": True}]
     assert isinstance(agent.model, ScriptedModel) and len(agent.model.calls) == 1
     assert await _status_is(env, "pay", "finished")
+
+
+async def test_the_lifecycle_verbs_go_through_the_kafka_log_from_other_processes(
+    env: KafkaEnv,
+) -> None:
+    async def sessions(*argv: str, kafka: bool = True) -> tuple[int, str, str]:
+        command = ["loomflow.cli", "sessions", *argv, *(["--kafka"] if kafka else [])]
+        process = _process(env, command)
+        out, err = await asyncio.to_thread(process.communicate, timeout=120)
+        return process.returncode, out, err
+
+    # a run of this process, cancelled from another while its model call is in flight
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def held(messages: Sequence[Message]) -> None:
+        if messages[-1].role is Role.TOOL:
+            entered.set()
+            await release.wait()
+
+    runtime = env.runtime()
+    model = ScriptedModel(lifecycle.RESEARCH, on_call=held)
+    agent = Agent(
+        "Answer with data.",
+        model=model,
+        runtime=runtime,
+        tools=[lifecycle.population],
+        tuning=Tuning(checkpoint=True),
+    )
+    running = asyncio.create_task(agent.run("How many people live in Oslo?", session_id="oslo"))
+    await entered.wait()
+    code, out, err = await sessions("cancel", "oslo", "--reason", "wrong city")
+    assert code == 0 and out.startswith("cancelled run "), err
+    release.set()
+    with pytest.raises(RunCancelledError):
+        await running
+    assert len(model.calls) == 2
+    assert await Worker([lifecycle.researcher(runtime=runtime)]).scan() == []
+    assert await _status_is(env, "oslo", "cancelled")
+
+    resume = ("resume", "oslo", "--agent", "tests.support.lifecycle:researcher")
+    code, out, err = await sessions(*resume)
+    assert code == 0 and out.splitlines()[-1] == "Oslo has 709000 people.", err
+    assert await _status_is(env, "oslo", "finished")
+
+    # a run a worker's last attempt parked, retried in another process
+    parked = lifecycle.researcher(replies=1, runtime=runtime)
+    with pytest.raises(ModelError):
+        await parked.run("How many people live in Oslo?", session_id="bergen")
+    row = await _row(env, "bergen")
+    with pytest.raises(ModelError):
+        await parked.take_over(
+            "bergen", user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
+        )
+    await runtime.close()
+    assert await _status_is(env, "bergen", "stuck")
+    retry = ("retry", "bergen", *resume[2:])
+    code, out, err = await sessions(*retry)
+    assert code == 0 and out.splitlines()[-1] == "Oslo has 709000 people.", err
+    code, out, err = await sessions(*retry)
+    assert code == 1 and "is not stuck (it is finished)" in err
+
+    code, out, err = await sessions("erase", "oslo", "--yes")
+    assert code == 0 and "erased session oslo (no user)" in out, err
+    assert await _status_is(env, "oslo", "erased")
+    # the read model the processor fills takes no write but through the log
+    code, out, err = await sessions("cancel", "bergen", kafka=False)
+    assert code == 2 and "pass --kafka" in err

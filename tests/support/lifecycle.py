@@ -1,0 +1,82 @@
+"""What ``loomflow sessions resume|retry --agent tests.support.lifecycle:...`` loads in
+tests: a researcher whose tool is counted, a payer whose tool waits for an approval, one
+whose model is down, and one of another name.
+
+Each factory gives its agents a runtime of their own, as a program's factory for
+``loomflow worker`` does; the command runs them on the store it names, with that
+runtime's run options: here one checkpoint kept per session, which the tests can see.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from loomflow import Agent, Message, Tuning, wait_for_signal
+from loomflow.models import ScriptedModel
+from loomflow.runtime import InProcRuntime, Runtime
+
+#: the researcher's tool calls that ran in this process, by city
+TOOL_RUNS: Counter[str] = Counter()
+#: what the payer's waits received, in this process
+APPROVALS: list[Any] = []
+
+RESEARCH: list[Message | str] = [
+    ScriptedModel.tool_call("population", city="Oslo"),
+    "Oslo has 709000 people.",
+    "Bergen is smaller.",
+]
+
+
+def population(city: str) -> str:
+    """Look up a city's population."""
+    TOOL_RUNS[city] += 1
+    return f"{city}: 709000"
+
+
+def _own_runtime() -> Runtime:
+    return InProcRuntime(max_checkpoints_per_session=1)
+
+
+def researcher(*, replies: int | None = None, runtime: Runtime | None = None) -> Agent:
+    """The researcher; with ``replies``, a model that has only the first ones (the next
+    call raises ModelError)."""
+    return Agent(
+        "Answer with data.",
+        model=ScriptedModel(RESEARCH[:replies]),
+        runtime=runtime or _own_runtime(),
+        tuning=Tuning(checkpoint=True),
+        tools=[population],
+    )
+
+
+async def ask_approval(amount: int) -> str:
+    """Ask a person to approve a payment."""
+    answer = await wait_for_signal("approve", timeout=3600)
+    APPROVALS.append(answer)
+    return f"approved={answer['ok']} for {amount}"
+
+
+def payer(runtime: Runtime | None = None) -> Agent:
+    """An agent whose tool waits for the signal "approve"."""
+    model = ScriptedModel([ScriptedModel.tool_call("ask_approval", amount=5), "Paid."])
+    return Agent(
+        "You pay invoices.",
+        model=model,
+        runtime=runtime or _own_runtime(),
+        tools=[ask_approval],
+        tuning=Tuning(checkpoint=True),
+    )
+
+
+def broken() -> Agent:
+    """The researcher with a model that has no reply left for anything."""
+    return researcher(replies=0)
+
+
+def others() -> list[Agent]:
+    """Agents of other names than the default one the sessions' runs recorded."""
+    return [
+        Agent("x", model=ScriptedModel(["?"]), runtime=_own_runtime(), name=name)
+        for name in ("billing", "support")
+    ]
