@@ -10,7 +10,8 @@ spans it finished:
 - ``invoke_agent {agent}``, one per run, from its ``run.started`` to the event that ends
   it: ``run.finished``, ``run.failed``, ``run.waiting`` (the run stops to wait for a
   signal), the ``run.started`` of the run that took the session over (the run crashed or
-  went silent; that claim is the record of its end) or the session's erasure. Its span
+  went silent; that claim is the record of its end), its ``run.cancelled`` or the
+  session's erasure. Its span
   events are the run's lifecycle: ``gen_ai.agent.checkpointed``, ``gen_ai.agent.paused``,
   ``gen_ai.agent.resumed``, ``loomflow.run.taken_over``, ``loomflow.signal.sent`` and
   ``loomflow.signal.received``. It is exported when the run ends, its children as they do.
@@ -55,6 +56,7 @@ from loomflow.schemas import (
     Event,
     Message,
     Role,
+    RunCancelled,
     RunFailed,
     RunFinished,
     RunStarted,
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 #: how a run ended, as its span's ``loomflow.run.outcome`` says
-Outcome = Literal["finished", "failed", "stuck", "waiting", "interrupted", "erased"]
+Outcome = Literal["finished", "failed", "stuck", "waiting", "interrupted", "erased", "cancelled"]
 #: what the session's run does next, as its transcript says (for a failure's last step)
 NextStep = Literal["model", "tools", "answer"]
 
@@ -291,6 +293,12 @@ def _apply(state: SessionTrace, event: Event, spans: list[Span]) -> None:
             run.attributes["error.type"] = p.error_type
             error = f"{p.error_type}: {p.error}"[:500]
             spans.append(_end(state, run, at, "stuck" if p.parked else "failed", error))
+        case RunCancelled(payload=p):
+            # a person stopped the run (`loomflow sessions cancel`): its span ends here, and
+            # a resume of the session later goes on with it, in its trace
+            if state.run is not None:
+                error = f"cancelled: {p.reason}" if p.reason else "cancelled"
+                spans.append(_end(state, state.run, at, "cancelled", error[:500]))
         case SignalSent(payload=p):
             state.signals.append(SentSignal(event.seq, p.name, at))
             if state.run is not None:

@@ -14,6 +14,7 @@ from loomflow.otel.fold import SessionTrace, decode_state, encode_state, fold
 from loomflow.otel.spans import Span
 from loomflow.runtime import SqliteRuntime
 from loomflow.schemas import Event, RunFinished, SessionErased, TurnAppended
+from loomflow.schemas.events import RunCancelled, RunCancelledPayload
 
 ScopeKey = tuple[str | None, str]
 
@@ -232,6 +233,32 @@ async def test_erasure_ends_the_run_in_flight_and_nothing_after_it_is_taken(
     assert states[(None, "s")] == SessionTrace(last_seq=erased.seq, epoch=erased.epoch, erased=True)
     late = turns[-1].model_copy(update={"seq": erased.seq + 1, "epoch": erased.epoch})
     assert _fold_all([late], states)[0] == []
+
+
+async def test_a_cancel_ends_the_run_in_flight_and_its_resume_goes_on_in_its_trace(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "journal.db"
+    agent = _agent(db, ["Oslo."])
+    await agent.run("Where?", session_id="s")
+    await agent.runtime.close()
+    events = await _events(db)
+    started, turns = events[0], [e for e in events if isinstance(e, TurnAppended)]
+    in_flight = [started, *turns]
+    cancelled = RunCancelled(
+        session_id="s",
+        run_id=started.run_id,
+        seq=in_flight[-1].seq + 1,
+        epoch=started.epoch + 1,
+        payload=RunCancelledPayload(reason="wrong task"),
+    )
+    spans, states, refused = _fold_all([*in_flight, cancelled])
+    assert not refused
+    (run,) = [s for s in spans if s.parent_id is None]
+    assert run.attributes["loomflow.run.outcome"] == "cancelled"
+    assert run.error == "cancelled: wrong task"
+    assert states[(None, "s")].run is None and states[(None, "s")].last is not None
+    assert states[(None, "s")].last.outcome == "cancelled"
 
 
 async def test_a_fork_is_a_trace_of_its_own_that_names_its_parent(tmp_path: Path) -> None:
