@@ -45,6 +45,10 @@ if TYPE_CHECKING:
     from loomflow.runtime.kafka import KafkaRuntime
     from loomflow.runtime.postgres import PostgresRuntime
 
+    #: the version of the installed distribution (loomflow-durable), as ``loomflow
+    #: --version`` reports it; read from its metadata on first use
+    __version__: str
+
 __all__ = [
     "Agent",
     "Checkpoint",
@@ -84,7 +88,22 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """``KafkaRuntime`` and ``PostgresRuntime`` load on first use (see loomflow.runtime)."""
+    """``KafkaRuntime`` and ``PostgresRuntime`` load on first use (see loomflow.runtime),
+    and ``__version__`` is read from the distribution's metadata then."""
+    if name == "__version__":
+        globals()["__version__"] = version = _version()  # read once
+        return version
     from loomflow.runtime import _LAZY, load_lazily
 
     return load_lazily(__name__, name, _LAZY)
+
+
+def _version() -> str:
+    """The installed distribution's version; ``0+unknown`` when this package runs from a
+    tree that was never installed (no metadata to read)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("loomflow-durable")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"

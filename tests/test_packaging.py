@@ -1,9 +1,10 @@
 """Our distribution alone, without extras, in a fresh venv: what an embedded user installs.
 
 It imports none of the scaled path's drivers nor the Anthropic SDK, runs the spec page's
-SQLite code against the local Messages-API server, says which extra a scaled runtime
-needs, has no demo command, and reports its version. The demo's own distribution
-(examples/demo) installs beside it into another fresh venv, and runs there.
+SQLite code against the local Messages-API server, says which extra a scaled runtime or a
+command needs, has no demo command, reports its version (also as ``python -m loomflow``
+and ``loomflow.__version__``) and carries its license, URLs and classifiers. The demo's own
+distribution (examples/demo) installs beside it into another fresh venv, and runs there.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import subprocess
 import tempfile
+import tomllib
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +78,32 @@ def test_a_scaled_runtime_names_its_extra(core_python: Path) -> None:
     assert "pip install 'loomflow-durable[kafka]'" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "module", "extra"),
+    [
+        (["sessions", "ls", "--db", "journal.db"], "rich", "cli"),
+        (["sessions", "ls"], "rich", "cli"),
+        (["audit", "--db", "journal.db"], "rich", "cli"),
+        (["report", "--db", "journal.db", "--html", "r.html"], "plotly", "report"),
+        (["processor"], "aiokafka", "kafka"),
+        (["setup"], "asyncpg", "postgres"),
+    ],
+)
+def test_a_command_without_its_extra_names_that_extra(
+    core_python: Path, tmp_path: Path, command: list[str], module: str, extra: str
+) -> None:
+    done = _run(core_python.parent / "loomflow", *command, cwd=tmp_path)
+    assert done.returncode == 2
+    # one line: the extra the command needs, from the index, and from the clone it came from
+    assert done.stderr == (
+        f"loomflow {command[0]} needs {module!r}, which comes with the [{extra}] extra: "
+        f"pip install 'loomflow-durable[{extra}]', or in the clone it was installed from "
+        f"({ROOT}): pip install '.[{extra}]'\n"
+    )
+    in_clone = _run(core_python.parent / "loomflow", *command, cwd=ROOT)
+    assert in_clone.stderr.endswith(f", or in this clone: pip install '.[{extra}]'\n")
+
+
 def test_the_command_has_no_demo(core_python: Path) -> None:
     listed = _run(core_python.parent / "loomflow", "--help")
     assert listed.returncode == 0, listed.stderr
@@ -101,6 +129,29 @@ def test_the_command_reports_its_version(core_python: Path) -> None:
     done = _run(core_python.parent / "loomflow", "--version")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "loomflow 0.1.0"
+    module = _run(core_python, "-m", "loomflow", "--version")
+    assert module.returncode == 0 and module.stdout == done.stdout, module.stderr
+    package = _run(core_python, "-c", "import loomflow; print(loomflow.__version__)")
+    assert package.returncode == 0 and package.stdout == "0.1.0\n", package.stderr
+
+
+def test_the_distribution_carries_its_license_urls_and_classifiers(core_python: Path) -> None:
+    done = _run(
+        core_python,
+        "-c",
+        "import json; from importlib import metadata; "
+        "d = metadata.distribution('loomflow-durable'); m = d.metadata; "
+        "print(json.dumps({k: m.get_all(k) for k in "
+        "('License-Expression', 'License-File', 'Project-URL', 'Classifier')} | "
+        "{'text': d.read_text('licenses/LICENSE')}))",
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert found["License-Expression"] == ["Apache-2.0"] and found["License-File"] == ["LICENSE"]
+    assert found["text"] == (ROOT / "LICENSE").read_text()
+    assert found["Project-URL"] == [f"{k}, {v}" for k, v in project["urls"].items()]
+    assert found["Classifier"] == project["classifiers"]
 
 
 def test_the_spec_code_runs_on_the_embedded_install(core_python: Path, tmp_path: Path) -> None:

@@ -12,12 +12,10 @@ them first and last, so run them only against the test services.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shlex
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -28,7 +26,8 @@ from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from loomflow.runtime import KafkaRuntime, Scope
 from loomflow.settings import Settings
 from tests.support.backends import drop_environment
-from tests.support.readme import README, readme_block
+from tests.support.readme import README, block, commands
+from tests.support.readme import user_env as readme_shell
 from tests.support.services import kafka_bootstrap, postgres_dsn
 from tests.support.waiting import eventually
 
@@ -38,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def user_env() -> dict[str, str]:
-    """A shell with no LOOMFLOW_* naming: only where the services are, if not the defaults."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("LOOMFLOW_", "ANTHROPIC_"))}
+    """A user's shell (this venv's commands on PATH) with no LOOMFLOW_* naming: only
+    where the services are, if not the defaults."""
+    env = readme_shell()
     defaults = Settings.model_construct()  # the defaults alone, no environment read
     if kafka_bootstrap() != defaults.kafka_bootstrap:
         env["LOOMFLOW_KAFKA_BOOTSTRAP"] = kafka_bootstrap()
@@ -80,15 +80,23 @@ async def default_names() -> AsyncIterator[Settings]:
     await clear()
 
 
+def _steps() -> tuple[list[str], list[str]]:
+    """The README's two commands: the processor (a service, in a terminal of its own) and
+    the quickstart, which is the python block named as the file it runs."""
+    serve, run = commands("loomflow processor")
+    assert serve.argv == ["loomflow", "processor"] and serve.service
+    assert run.argv == ["python", block("# kafka_quickstart.py").name]
+    return serve.argv, run.argv
+
+
 @pytest.fixture
 def processor(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``loomflow processor`` exactly as the README starts it (output to a file: a pipe
-    nobody reads would fill up and block it)."""
-    command = readme_block("loomflow processor", "sh").splitlines()[0].split("#")[0].split()
-    assert command == ["loomflow", "processor"]
+    nobody reads would fill up and block it); stopped after."""
+    command, _ = _steps()
     with (tmp_path / "processor.log").open("wb") as log:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
+            command,
             env=user_env(),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -125,11 +133,10 @@ async def test_the_readme_kafka_quickstart_runs_against_a_default_processor(
     entries = {c[0]: c[1] for c in configs[0].resources[0][4]}
     assert entries["retention.ms"] == "-1" and entries["cleanup.policy"] == "delete"
 
-    script = tmp_path / "kafka_quickstart.py"
-    script.write_text(readme_block("kafka_quickstart.py"))
+    _, run = _steps()
+    (tmp_path / run[1]).write_text(block("# kafka_quickstart.py").text)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(script),
+        *run,
         cwd=tmp_path,
         env=user_env(),
         stdout=asyncio.subprocess.PIPE,
@@ -155,7 +162,7 @@ async def test_the_readme_kafka_quickstart_runs_against_a_default_processor(
     assert command == ["loomflow", "sessions", "ls", "--all-users"]
     done = await asyncio.to_thread(
         subprocess.run,
-        [str(Path(sys.executable).parent / "loomflow"), *command[1:]],
+        command,
         env=dict(user_env(), NO_COLOR="1"),
         capture_output=True,
         text=True,

@@ -4,15 +4,12 @@ then the README's ``loomflow`` commands on the journal it left."""
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 from loomflow.runtime import DatabaseStore, Scope, SqliteRuntime
-from tests.support.readme import readme_block
+from tests.support.readme import README, block, commands, user_env
 
 ID = re.compile(r"(sess|ckpt)[0-9a-z]{26}")
 TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? UTC")
@@ -20,10 +17,16 @@ TIME = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)? UTC")
 
 def _per_run(tmp_path: Path) -> list[str]:
     """Run per_run.py in ``tmp_path``; its output lines."""
-    script = tmp_path / "per_run.py"
-    script.write_text(readme_block("# per_run.py"))
+    per_run = block("# per_run.py")
+    assert per_run.name == "per_run.py" and "`python per_run.py`" in README
+    (tmp_path / per_run.name).write_text(per_run.text)
     done = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        ["python", per_run.name],
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout.splitlines()
@@ -44,14 +47,16 @@ def _shape(line: str) -> str:
 
 def test_the_readme_commands_print_what_it_shows_on_per_runs_journal(tmp_path: Path) -> None:
     _per_run(tmp_path)
-    block = readme_block("$ loomflow sessions ls", "sh").splitlines()
-    steps = list(zip(block[::2], block[1::2], strict=True))
-    assert [command.split()[:3] for command, _ in steps] == [
-        ["$", "loomflow", "sessions"],
-        ["$", "loomflow", "sessions"],
-        ["$", "loomflow", "checkpoints"],
-        ["$", "loomflow", "sessions"],
-        ["$", "loomflow", "prune"],
+    shown = block("$ loomflow sessions ls", "sh")
+    steps = commands(shown)
+    # each command, then the one line it printed
+    assert len(shown.text.splitlines()) == 2 * len(steps)
+    assert [command.argv[:2] for command in steps] == [
+        ["loomflow", "sessions"],
+        ["loomflow", "sessions"],
+        ["loomflow", "checkpoints"],
+        ["loomflow", "sessions"],
+        ["loomflow", "prune"],
     ]
 
     async def journal() -> tuple[str, dict[int, str]]:
@@ -64,24 +69,19 @@ def test_the_readme_commands_print_what_it_shows_on_per_runs_journal(tmp_path: P
 
     # the README's ids stand for this journal's: its one session, its checkpoints by turn
     session, by_turn = asyncio.run(journal())
-    text = "\n".join(block)
-    ids = {m.group(): session for m in re.finditer(r"sess[0-9a-z]{26}", block[0] + block[2])}
-    for found in re.finditer(r"(ckpt[0-9a-z]{26}) +(\d+) ", text):
+    first = steps[0].shown or ""
+    ids = {m.group(): session for m in re.finditer(r"sess[0-9a-z]{26}", first + steps[1].text)}
+    for found in re.finditer(r"(ckpt[0-9a-z]{26}) +(\d+) ", shown.text):
         ids[found.group(1)] = by_turn[int(found.group(2))]
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")}
-    for command, shown in steps:
-        for theirs, ours in ids.items():
-            command = command.replace(theirs, ours)
+    env = {k: v for k, v in user_env().items() if k not in ("COLUMNS", "FORCE_COLOR")}
+    env.pop("NO_COLOR")  # as in a terminal: a pipe gets no colours anyway
+    for step in steps:
+        argv = [ids.get(arg, arg) for arg in step.argv]
         done = subprocess.run(
-            [sys.executable, "-m", "loomflow.cli", *shlex.split(command)[2:]],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
         )
-        assert done.returncode == 0, (command, done.stderr)
-        assert _shape(shown) in [_shape(line) for line in done.stdout.splitlines()], (
-            command,
+        assert done.returncode == 0, (argv, done.stderr)
+        assert _shape(step.shown or "") in [_shape(line) for line in done.stdout.splitlines()], (
+            argv,
             done.stdout,
         )

@@ -5,32 +5,17 @@ alone, then ``loomflow worker approval:agents`` in the background, ``loomflow si
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import shlex
 import subprocess
-import sys
 from pathlib import Path
 
 from loomflow.runtime import Scope, SqliteRuntime
-from tests.support.readme import readme_block
+from tests.support.readme import block, commands, user_env
 from tests.support.waiting import eventually
-
-BIN = Path(sys.executable).parent
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
-    return dict(env, NO_COLOR="1", COLUMNS="300")
-
-
-def _steps() -> list[tuple[list[str], str]]:
-    """(command, the output line the README shows under it) of the example's sh block."""
-    lines = readme_block("loomflow worker approval:agents", "sh").splitlines()
-    return [
-        (shlex.split(command.split("  #")[0]), shown.removeprefix("# "))
-        for command, shown in zip(lines[::2], lines[1::2], strict=True)
-    ]
+    return user_env(COLUMNS="300")
 
 
 def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -50,24 +35,29 @@ async def _finished(db: Path) -> bool:
 
 
 async def test_the_worker_example_runs_as_written(tmp_path: Path) -> None:
-    (tmp_path / "approval.py").write_text(readme_block("# approval.py"))
-    steps = _steps()
-    assert [command[:2] for command, _ in steps] == [
+    approval = block("# approval.py")
+    assert approval.name == "approval.py"
+    (tmp_path / approval.name).write_text(approval.text)
+    steps = commands("loomflow worker approval:agents")
+    assert [command.argv[:2] for command in steps] == [
         ["python", "approval.py"],
         ["loomflow", "worker"],
         ["loomflow", "signal"],
         ["loomflow", "sessions"],
     ]
-    (run, ran), (serve, served), (send, sent), (show, shown) = steps
+    (run, ran), (serve, served), (send, sent), (show, shown) = (
+        (command.argv, command.shown or "") for command in steps
+    )
 
-    first = await asyncio.to_thread(_run, [sys.executable, *run[1:]], tmp_path)
+    first = await asyncio.to_thread(_run, run, tmp_path)
     assert first.returncode == 0, first.stderr
     assert first.stdout.strip() == ran
 
-    assert serve[-1] == "&"  # started in the background, as a shell would
-    worker = _start([str(BIN / serve[0]), *serve[1:-1]], tmp_path)
+    # started in the background, as a shell would, and stopped after
+    assert steps[1].background and steps[1].service
+    worker = _start(serve, tmp_path)
     try:
-        signal = await asyncio.to_thread(_run, [str(BIN / send[0]), *send[1:]], tmp_path)
+        signal = await asyncio.to_thread(_run, send, tmp_path)
         assert signal.returncode == 0, signal.stderr
         assert signal.stdout.strip() == sent
         await eventually(lambda: _finished(tmp_path / "journal.db"), within=60, what="the resume")
@@ -78,7 +68,7 @@ async def test_the_worker_example_runs_as_written(tmp_path: Path) -> None:
     first_line = re.sub(r"worker \S+ hosts", "worker host:4242 hosts", err.splitlines()[0])
     assert first_line == served
 
-    show_done = await asyncio.to_thread(_run, [str(BIN / show[0]), *show[1:]], tmp_path)
+    show_done = await asyncio.to_thread(_run, show, tmp_path)
     assert show_done.returncode == 0, show_done.stderr
     lines = [" ".join(line.split()) for line in show_done.stdout.splitlines()]
     assert " ".join(shown.split()) in lines

@@ -9,12 +9,15 @@ the one factory of its runtime, reader, trail and tables) and ``render`` (how ro
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from importlib import import_module, metadata
+from pathlib import Path
 from typing import Protocol
+from urllib.parse import unquote, urlsplit
 
-__all__ = ["CommandModule", "main"]
+__all__ = ["EXTRA_OF_MODULE", "CommandModule", "install_hint", "main", "missing_extra"]
 
 
 class CommandModule(Protocol):
@@ -30,7 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="loomflow", description="Durable agent runs: crash, resume, fork."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    import loomflow
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {loomflow.__version__}")
     modules = _command_modules()
     # the usage line lists the commands in alphabetical order, not the modules' order
     names = sorted(name for module in modules for name in module.NAMES)
@@ -51,11 +56,50 @@ def _command_modules() -> list[CommandModule]:
     return [import_module(f"loomflow.cli.{name}") for name in _MODULES]
 
 
-def _version() -> str:
-    try:
-        return metadata.version("loomflow-durable")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
+#: the extra of the distribution that installs each optional module a command imports
+#: (tests/test_first_contact.py checks them against the distribution's metadata)
+EXTRA_OF_MODULE = {
+    "rich": "cli",
+    "plotly": "report",
+    "asyncpg": "postgres",
+    "aiokafka": "kafka",
+    "faust": "kafka",
+}
+
+
+def missing_extra(module: str | None) -> str | None:
+    """The extra to install for the missing ``module`` (``rich.console``: ``cli``), or None
+    when no extra provides it."""
+    return EXTRA_OF_MODULE.get((module or "").partition(".")[0])
+
+
+def install_hint(extra: str) -> str:
+    """How to install ``extra``: from the package index, and, when this distribution was
+    installed from a directory (a clone), from there."""
+    hint = f"pip install 'loomflow-durable[{extra}]'"
+    clone = _installed_from()
+    if clone is None:
+        return hint
+    if clone == Path.cwd():
+        return f"{hint}, or in this clone: pip install '.[{extra}]'"
+    return f"{hint}, or in the clone it was installed from ({clone}): pip install '.[{extra}]'"
+
+
+def _installed_from() -> Path | None:
+    """The directory this distribution was installed from (its PEP 610 direct_url.json),
+    or None: installed from an index or an archive, or not installed. (In the clone itself
+    a build's egg-info may be found first: it has no direct_url.json, so look past it.)"""
+    for distribution in metadata.distributions(name="loomflow-durable"):
+        try:
+            origin = json.loads(distribution.read_text("direct_url.json") or "null")
+        except ValueError:
+            continue
+        if not isinstance(origin, dict):
+            continue
+        url = urlsplit(str(origin.get("url", "")))
+        if "dir_info" in origin and url.scheme == "file":
+            return Path(unquote(url.path))
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,9 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except ModuleNotFoundError as exc:
-        # the commands use optional extras, most of them several
-        print(
-            f"loomflow {args.command}: {exc}; pip install 'loomflow-durable[all]'",
-            file=sys.stderr,
-        )
+        # a module of an optional extra that is not installed: name the extra
+        extra = missing_extra(exc.name)
+        if exc.name is None or extra is None:
+            print(f"loomflow {args.command}: {exc}", file=sys.stderr)
+        else:
+            module = exc.name.partition(".")[0]
+            print(
+                f"loomflow {args.command} needs {module!r}, which comes with the [{extra}] "
+                f"extra: {install_hint(extra)}",
+                file=sys.stderr,
+            )
         return 2

@@ -6,6 +6,10 @@ file); without it, the Kafka topic and PostgreSQL schema the ``LOOMFLOW_*`` sett
 (``--dsn`` and ``--schema`` override theirs), as ``loomflow processor`` reads them. From it
 come the runtime over the store, the reader of the log, the audit trail and the analytics
 tables. Nothing opens, and nothing heavy loads, before a command asks.
+
+A command given no ``--db`` and no ``--dsn`` falls back to the scaled path's PostgreSQL (the
+DSN of ``LOOMFLOW_POSTGRES_DSN``, or the default one): it says so on stderr, one line, when
+it first opens it, so that neither is a surprise and stdout stays the command's own.
 """
 
 from __future__ import annotations
@@ -13,9 +17,10 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+from urllib.parse import urlsplit
 
 from loomflow.cli.options import Refused
 
@@ -57,10 +62,14 @@ def quiet_kafka() -> None:
 @dataclass(frozen=True)
 class Source:
     """The log of a command: the embedded log ``db``, or (``db`` None) the Kafka topic
-    and PostgreSQL read model of ``settings``. Exactly one of them is set."""
+    and PostgreSQL read model of ``settings``. Exactly one of them is set. ``fallback``:
+    where the PostgreSQL DSN came from when no ``--dsn`` named it (``LOOMFLOW_POSTGRES_DSN``
+    or ``the default DSN``), which the first opening of PostgreSQL notes on stderr."""
 
     db: Path | None = None
     settings: Settings | None = None
+    fallback: str | None = None
+    _noted: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.db is None) == (self.settings is None):
@@ -90,12 +99,31 @@ class Source:
         except ValidationError as exc:
             problems = "; ".join(str(e["msg"]) for e in exc.errors())
             raise Refused(f"invalid --dsn or --schema: {problems}", 2) from None
-        return cls(settings=settings)
+        if dsn is not None:
+            return cls(settings=settings)
+        given = "postgres_dsn" in environment.model_fields_set
+        return cls(
+            settings=settings, fallback="LOOMFLOW_POSTGRES_DSN" if given else "the default DSN"
+        )
 
     @property
     def _scaled(self) -> Settings:
         assert self.settings is not None, "an embedded log has no settings"
         return self.settings
+
+    def _note_postgres(self, what: str) -> None:
+        """Say on stderr, once per ``what``, that ``what`` is the PostgreSQL the command
+        fell back to (no --db, no --dsn)."""
+        if self.fallback is None or what in self._noted:
+            return
+        self._noted.add(what)
+        settings = self._scaled
+        print(
+            f"loomflow: {what} at {_postgres_address(settings.postgres_dsn)}, schema "
+            f"{settings.db_schema} (no --db given; {self.fallback})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @asynccontextmanager
     async def runtime(self, access: Access = "read") -> AsyncIterator[Runtime]:
@@ -118,9 +146,17 @@ class Source:
         if access == "kafka":
             from loomflow.runtime import KafkaRuntime
 
-            return KafkaRuntime(settings=self._scaled)
+            settings = self._scaled
+            self._note_postgres(
+                f"appending through the Kafka log at {settings.kafka_bootstrap} "
+                "to the PostgreSQL read model"
+            )
+            return KafkaRuntime(settings=settings)
         from loomflow.runtime import PostgresStore, Runtime
 
+        self._note_postgres(
+            f"{'reading' if access == 'read' else 'writing to'} the PostgreSQL read model"
+        )
         return Runtime(PostgresStore.from_settings(self._scaled, max_size=2, create=False))
 
     def reader(
@@ -151,6 +187,7 @@ class Source:
         if self.db is not None:
             return SqliteTrail(path or default_trail_path(self.db), create=create)
         settings = self._scaled
+        self._note_postgres("the audit trail in PostgreSQL")
         store = PostgresStore.from_settings(settings, max_size=2)
         where = f"audit trail in PostgreSQL schema {settings.db_schema}"
         return PostgresTrail(store._call, where, on_close=store.close)
@@ -183,6 +220,18 @@ class Source:
                 f"{settings.events_topic} left to count"
             )
         return stats
+
+
+def _postgres_address(dsn: str) -> str:
+    """``host:port/database`` of a PostgreSQL URL, without its user or password."""
+    try:
+        url = urlsplit(dsn)
+        host, port = url.hostname or "localhost", url.port or 5432
+    except ValueError:  # a port that is no number, which the connection will refuse
+        return "(a DSN with an invalid port)"
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return f"{host}:{port}/{url.path.lstrip('/') or url.username or ''}"
 
 
 async def _refuse_kafka_read_model(runtime: Runtime) -> None:

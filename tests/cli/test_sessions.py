@@ -808,7 +808,9 @@ def test_a_write_through_kafka_with_kafka_down_is_one_clear_line(tmp_path: Path)
         timeout=120,
     )
     assert done.returncode == 1
-    (line,) = done.stderr.splitlines()  # not aiokafka's "Unable connect to ..." first
+    # where it went (no --db), then the one error: not aiokafka's "Unable connect to ..."
+    note, line = done.stderr.splitlines()
+    assert note.startswith("loomflow: appending through the Kafka log at 127.0.0.1:1 "), note
     assert line.startswith("loomflow prune: Kafka at 127.0.0.1:1 is not reachable"), line
 
 

@@ -40,7 +40,7 @@ from tests.support.analytics import (
     script,
 )
 from tests.support.kafka_env import KafkaEnv, ProcessorProcess
-from tests.support.readme import readme_block
+from tests.support.readme import commands
 from tests.support.waiting import eventually
 
 
@@ -332,13 +332,16 @@ async def kafka_env() -> AsyncIterator[KafkaEnv]:
     assert changelog_topic(env.settings).startswith(f"{env.settings.analytics_group}-")
 
 
-def _analytics_command() -> list[str]:
-    """``loomflow analytics`` as the README starts it."""
-    block = readme_block("loomflow analytics", "sh")
-    line = next(x for x in block.splitlines() if x.startswith("loomflow analytics"))
-    command = line.split("#")[0].split()
-    assert command == ["loomflow", "analytics"]
-    return [str(Path(sys.executable).parent / "loomflow"), *command[1:]]
+def _readme_commands() -> tuple[list[str], list[str]]:
+    """``loomflow analytics`` as the README starts it (a service), and the ``loomflow
+    stats`` it then runs."""
+    serve, read = commands("loomflow analytics")
+    assert serve.argv == ["loomflow", "analytics"] and serve.service
+    assert read.argv == ["loomflow", "stats", "--by", "user"]
+    return [str(Path(sys.executable).parent / "loomflow"), *serve.argv[1:]], [
+        str(Path(sys.executable).parent / "loomflow"),
+        *read.argv[1:],
+    ]
 
 
 async def _topic_events(env: KafkaEnv) -> list[tuple[bytes | None, bytes | None]]:
@@ -368,7 +371,8 @@ async def test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic(
     kafka_env: KafkaEnv, tmp_path: Path
 ) -> None:
     env = kafka_env
-    analytics = ProcessorProcess(env.variables(), argv=_analytics_command())
+    serve, read = _readme_commands()
+    analytics = ProcessorProcess(env.variables(), argv=serve)
     try:
         await env.start_projector()  # KafkaRuntime's runs wait for their claim to be applied
         runtime = env.runtime()
@@ -459,6 +463,18 @@ async def test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic(
         assert {k: v for k, v in reported(data).items() if k != "per_model_tokens"} == {
             k: v for k, v in expected.items() if k != "per_model_tokens"
         }
+        # and as the README runs it: the table, a row per user
+        table = await asyncio.to_thread(
+            subprocess.run,
+            read,
+            env=dict(_user_env(env), COLUMNS="200"),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert table.returncode == 0, table.stderr
+        rows = {line.split()[0] for line in table.stdout.splitlines() if line.strip()}
+        assert {"ada", "bob", "cy"} <= rows, table.stdout
         await _report_at_scale(env, everything, tmp_path / "report.html")
         output = analytics.output()
         assert "does not decode" in output or "invalid event" in output, output[-3000:]

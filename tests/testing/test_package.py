@@ -4,12 +4,11 @@ mode, outside our own configuration."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.readme import readme_block
 
 
 def _python(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -42,9 +41,7 @@ def test_without_pytest_the_import_names_the_extra() -> None:
 
 def _readme_example() -> str:
     """The README's ``test_my_store.py``, as a user copies it."""
-    readme = (ROOT / "README.md").read_text()
-    blocks: list[str] = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
-    return next(block for block in blocks if block.startswith("# test_my_store.py"))
+    return readme_block("# test_my_store.py")
 
 
 _FORGOTTEN = """
