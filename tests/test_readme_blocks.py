@@ -66,6 +66,12 @@ RUN_BY: dict[tuple[str, str], str] = {
         "tests/cli/test_stats.py::"
         "test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic"
     ),
+    ("sh", "loomflow otel --db journal.db"): (
+        "tests/test_readme_otel.py::test_loomflow_otel_prints_what_the_readme_shows"
+    ),
+    ("sh", "loomflow otel --follow"): (
+        "tests/otel/test_otel_kafka.py::test_the_readme_service_follows_the_topic_until_ctrl_c"
+    ),
     ("python", "# approval.py"): _WORKER,
     ("sh", "loomflow worker approval:agents"): _WORKER,
     ("python", "# test_my_store.py"): (

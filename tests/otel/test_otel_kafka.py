@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -20,8 +21,9 @@ from loomflow.log.reader import committed_offsets, kafka_reader
 from loomflow.otel.fold import SessionTrace, decode_state
 from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.otlp import OtlpReceiver, Received, free_port, log_events, recorded_spans
+from tests.support.readme import commands
 from tests.support.scenario import Research
-from tests.support.waiting import kill_once_hanging
+from tests.support.waiting import eventually, kill_once_hanging
 
 pytestmark = pytest.mark.kafka
 
@@ -57,6 +59,16 @@ async def _otel(env: KafkaEnv, endpoint: str, *options: str, **more: str) -> tup
 def _process(env: KafkaEnv, argv: list[str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         argv, cwd=ROOT, env=_shell(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _service(env: KafkaEnv, argv: list[str], endpoint: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv,
+        env=_shell(env, OTEL_EXPORTER_OTLP_ENDPOINT=endpoint),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -134,3 +146,34 @@ async def test_a_crashed_and_resumed_run_on_kafka_is_one_trace_with_each_span_on
     assert links["continues"] == crashed.span_id
     (fourth,) = [s for s in spans if s.attributes.get("loomflow.turn") == 4]
     assert links["replayed"] == fourth.span_id
+
+
+async def test_the_readme_service_follows_the_topic_until_ctrl_c(env: KafkaEnv) -> None:
+    """``loomflow otel --follow`` as the README starts it: a run made while it runs is
+    exported, and Ctrl-C (SIGINT) ends it cleanly."""
+    (command,) = commands("loomflow otel --follow")
+    assert command.argv == ["loomflow", "otel", "--follow"] and command.service
+    await env.start_projector()
+    with OtlpReceiver() as receiver:
+        service = _service(env, [str(BIN / command.argv[0]), *command.argv[1:]], receiver.url)
+        try:
+            runtime = env.runtime()
+            try:
+                await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+            finally:
+                await runtime.close()
+
+            def run_span() -> bool:
+                return any(s.parent_id is None for s in receiver.received())
+
+            await eventually(run_span, within=60, what="the run's span at the receiver")
+            service.send_signal(signal.SIGINT)
+            _, err = await asyncio.to_thread(service.communicate, timeout=60)
+        finally:
+            if service.poll() is None:
+                service.kill()
+                service.communicate()
+        assert service.returncode == 0, err
+        assert receiver.duplicates() == []
+        (run,) = [s for s in receiver.received() if s.parent_id is None]
+        assert run.attributes["loomflow.run.outcome"] == "finished"
