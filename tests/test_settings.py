@@ -99,3 +99,29 @@ def test_no_constructor_writes_a_default_of_its_own(constructor: Any) -> None:
         and name != "create"  # whether to create a missing file: a call's intent
     }
     assert own == {}
+
+
+def _shown(default: Any) -> str:
+    if default is None:
+        return "unset"
+    if isinstance(default, bool):
+        return f"`{str(default).lower()}`"
+    if isinstance(default, float) and default.is_integer():
+        return f"`{int(default)}`"
+    return f"`{default}`"
+
+
+def test_the_readme_lists_every_setting_with_its_default() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| `LOOMFLOW_") and len(cells) == 3:
+            rows[cells[0].strip("`")] = cells[1]
+    settings = {
+        "LOOMFLOW_SCHEMA" if name == "db_schema" else f"LOOMFLOW_{name.upper()}": _shown(
+            field.default
+        )
+        for name, field in Settings.model_fields.items()
+    }
+    assert rows == settings
