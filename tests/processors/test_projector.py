@@ -21,7 +21,7 @@ from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import Scope
 from loomflow.schemas import Checkpoint, Message, TurnAppended
 from loomflow.schemas.events import MAX_EVENT_BYTES, TurnAppendedPayload
-from tests.support.kafka_env import ROOT, KafkaEnv, session_events, topic_configs
+from tests.support.kafka_env import ROOT, KafkaEnv, ProcessorProcess, session_events, topic_configs
 from tests.support.readmodel import fold_of, in_postgres, log_events, read_records
 from tests.support.scenario import Research
 from tests.support.waiting import eventually
@@ -408,3 +408,32 @@ async def test_each_sessions_latest_checkpoint_is_published_whole(env: KafkaEnv)
 
     configs = await topic_configs(env.bootstrap, env.topics.snapshots)
     assert configs[env.topics.snapshots]["cleanup.policy"] == "compact"
+
+
+async def test_the_processor_app_runs_under_fausts_own_command(env: KafkaEnv) -> None:
+    """``faust -A loomflow.processors.app worker --without-web``, as the README names it:
+    a run's return waits for the processor, so it returns only if that app projects."""
+    faust = ProcessorProcess(
+        env.variables(),
+        argv=[
+            str(Path(sys.executable).parent / "faust"),
+            "-A",
+            "loomflow.processors.app",
+            "worker",
+            "--without-web",
+            "--loglevel",
+            "warn",
+        ],
+    )
+    try:
+        runtime = env.runtime()
+        try:
+            result = await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
+            listed = await runtime.store.list_checkpoints(Scope("s1"), 10)
+        finally:
+            await runtime.close()
+        assert result.turns == 6 and len(listed) == 2
+        assert faust.poll() is None, faust.output()[-3000:]
+    finally:
+        out = faust.stop()
+    assert "Traceback" not in out, out[-3000:]
