@@ -118,6 +118,19 @@ def test_sessions_ls_fits_with_every_column(cli: Cli, zoo: Zoo, width: int) -> N
     check(stuck.out.split("\noslo-stuck: ")[0], width, [SESSIONS], [1])
 
 
+def test_a_table_is_cut_before_it_is_folded(cli: Cli, zoo: Zoo, width: int) -> None:
+    # ada's rows fit in one table: at 120 with the ids whole, at 80 with them cut
+    ran = cli("sessions", "ls", "--user", "ada", "--db", str(zoo.db))
+    assert len(check(ran.out, width, [[*SESSIONS, "forked from"]], [4])) == 1
+    finished, _ = zoo.sessions["finished"]
+    assert (finished in ran.out, middle(finished, 13) in ran.out) == (width > 80, width == 80)
+    assert "ago" in ran.out and "UTC" not in ran.out
+    # and a checkpoint's time is compact before its id is cut
+    listed = cli("checkpoints", "ls", finished, "--user", "ada", "--db", str(zoo.db))
+    check(listed.out, width, [CHECKPOINTS], [2])
+    assert len(re.findall(r"ckpt[0-9a-z]{26}", listed.out)) == 2
+
+
 def test_sessions_show_and_checkpoints_ls_fit(cli: Cli, zoo: Zoo, width: int) -> None:
     session, user = zoo.sessions["finished"]
     assert user is not None
