@@ -59,6 +59,10 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("sh", "loomflow audit --db journal.db"): (
         "tests/test_readme_consumers.py::test_each_command_prints_what_the_readme_shows"
     ),
+    ("sh", "loomflow sessions ls --db journal.db --all-users --status"): (
+        "tests/test_readme_scripting.py::"
+        "test_the_scripting_commands_print_json_that_begins_as_the_readme_shows"
+    ),
     ("sh", "loomflow stats --db journal.db"): (
         "tests/test_readme_analytics.py::test_stats_and_report_print_what_the_readme_shows"
     ),

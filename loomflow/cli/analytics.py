@@ -21,6 +21,7 @@ from loomflow.cli.stores import Source, quiet_kafka, read_settings
 if TYPE_CHECKING:
     from loomflow.analytics.report import ReadModel
     from loomflow.analytics.tally import Counters, Stats
+    from loomflow.cli.render import Cell
 
 __all__ = ["NAMES", "add_parser"]
 
@@ -48,7 +49,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="one row per model, user or UTC hour (default: %(default)s)",
     )
     stats.add_argument(
-        "--json", action="store_true", help="print the rows and totals as JSON instead"
+        "--json", action="store_true", help="print the rows and totals as one JSON object instead"
+    )
+    stats.add_argument(
+        "--wide",
+        action="store_true",
+        help="the table whole on one line a row, however wide the terminal (else, in a "
+        "narrow one, it is folded into tables that fit, each repeating the first column)",
     )
     stats.set_defaults(handler=_stats)
 
@@ -151,7 +158,7 @@ def _stats(args: argparse.Namespace) -> int:
     if stats.empty:
         print(f"no runs {_period(args)} in {stats.source}")
         return 0
-    _print_tables(stats, args.by, "" if args.since is None else _period(args))
+    _print_tables(stats, args.by, "" if args.since is None else _period(args), wide=args.wide)
     return 0
 
 
@@ -179,16 +186,11 @@ def _as_json(stats: Stats, by: str, *, since: datetime | None = None) -> dict[st
     }
 
 
-def _print_tables(stats: Stats, by: str, period: str) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
+def _print_tables(stats: Stats, by: str, period: str, *, wide: bool) -> None:
     from loomflow.analytics.tally import ms_text
+    from loomflow.cli.render import USER_CELLS, Column, Fitted, console
 
-    # a pipe or a file gets every column, not 80 characters' worth
-    console = Console(width=None if sys.stdout.isatty() else 160)
-    table = Table(box=box.SIMPLE_HEAD, show_footer=True)
+    out = console(wide=wide)
     total = stats.totals()
     columns: list[tuple[str, Any]] = [
         ("runs", lambda c: f"{c.runs_started:,}"),
@@ -204,26 +206,46 @@ def _print_tables(stats: Stats, by: str, period: str) -> None:
         ("p50 ms", lambda c: ms_text(c.latency.quantile(0.5))),
         ("p95 ms", lambda c: ms_text(c.latency.quantile(0.95))),
     ]
-    table.add_column(by, footer="total", no_wrap=True)
-    for name, cell in columns:
-        table.add_column(name, footer=cell(total), justify="right", no_wrap=True)
-    for label, counters in stats.by(by):  # type: ignore[arg-type]
-        table.add_row(label, *(cell(counters) for _, cell in columns))
+    # a model's or an hour's name stays whole; a user's is cut in the middle if need be
+    table = Fitted(
+        [
+            Column(by, cut=USER_CELLS if by == "user" else None),
+            *(Column(name, numeric=True) for name, _ in columns),
+        ],
+        [
+            [_label(label, by), *(cell(counters) for _, cell in columns)]
+            for label, counters in stats.by(by)  # type: ignore[arg-type]
+        ],
+        footer=["total", *(cell(total) for _, cell in columns)],
+    )
     # a heading of its own, not the table's title: a title wraps at the table's width,
     # and the period it names must stay whole on one line
     heading = " · ".join(filter(None, (f"per {by}", stats.source, period)))
-    console.print(heading, style="italic", soft_wrap=True, highlight=False)
-    console.print(table)
+    out.print(heading, style="italic", soft_wrap=True, highlight=False)
+    out.print(table)
     if total.tools:
-        tools = Table(box=box.SIMPLE_HEAD)
-        tools.add_column("tool")
-        tools.add_column("tool calls", justify="right")
-        for name, calls in sorted(total.tools.items(), key=lambda kv: (-kv[1], kv[0])):
-            tools.add_row(name, f"{calls:,}")
-        console.print(tools)
+        tools = Fitted(
+            [Column("tool"), Column("tool calls", numeric=True)],
+            [
+                [name, f"{calls:,}"]
+                for name, calls in sorted(total.tools.items(), key=lambda kv: (-kv[1], kv[0]))
+            ],
+        )
+        out.print()
+        out.print(tools)
     if stats.skipped:
         skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(stats.skipped.items()))
-        console.print(f"records not counted: {skipped}")
+        out.print(f"records not counted: {skipped}", soft_wrap=True)
+
+
+def _label(label: str, by: str) -> str | Cell:
+    """A row's name: an hour (``2026-12-03T09:00Z``) is ``12-03 09:00`` where room is short."""
+    if by != "hour":
+        return label
+    from loomflow.analytics.tally import parse_hour
+    from loomflow.cli.render import Cell
+
+    return Cell(label, f"{parse_hour(label):%m-%d %H:%M}")
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import add_db_option, user_of
-from loomflow.cli.render import count
+from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
+from loomflow.cli.render import count, print_json
 from loomflow.cli.stores import Source, quiet_kafka
 
 if TYPE_CHECKING:
@@ -50,16 +50,28 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "reordered, inserted or altered entry with the position where the chain breaks. "
         "Exit code 1 when anything is wrong. Erasures and prunes are shown as such.",
     )
-    verify.add_argument("--session", metavar="S", help="only this session")
-    verify.add_argument("--user", metavar="U", help="only this user's sessions ('' for none)")
+    verify.add_argument(
+        "--session", type=id_of("session id"), metavar="S", help="only this session"
+    )
+    verify.add_argument(
+        "--user", type=user_filter, metavar="U", help="only this user's sessions ('' for none)"
+    )
+    verify.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object: each session's check and its findings (fields: see the README)",
+    )
+    verify.add_argument(
+        "--wide", action="store_true", help="the table whole, however wide the terminal"
+    )
     verify.set_defaults(handler=_verify)
 
 
-def _console() -> Console:
-    from rich.console import Console
+def _console(wide: bool = False) -> Console:
+    from loomflow.cli.render import console
 
-    # lines are never broken for a pipe or a file: each finding stays one line to grep
-    return Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    # a finding is one line, never broken, to grep; the table fits the terminal
+    return console(wide=wide, soft_wrap=True)
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -114,7 +126,7 @@ async def _run_audit(source: Source, trail_path: Path | None, follow: bool, out:
 def _verify(args: argparse.Namespace) -> int:
     from loomflow.errors import LoomflowError
 
-    console = _console()
+    console = _console(args.wide)
     source = Source.of(args.db)
     if source is None:
         return 2
@@ -129,8 +141,44 @@ def _verify(args: argparse.Namespace) -> int:
     except LoomflowError as exc:
         print(f"loomflow audit verify: {exc}", file=sys.stderr)
         return 1
-    _print_verification(console, result, log_name, filters)
-    return 1 if result.problems or (filters and not result.sessions) else 0
+    unknown = bool(filters) and not result.sessions  # not found
+    if args.json:
+        print_json(_verification_json(result, log_name, ok=not (result.problems or unknown)))
+        if unknown:
+            what = ", ".join(f"{k}={v!r}" for k, v in filters.items())
+            print(f"loomflow audit verify: no audited sessions matching {what}", file=sys.stderr)
+    else:
+        _print_verification(console, result, log_name, filters)
+    return 1 if result.problems or unknown else 0
+
+
+def _verification_json(result: Verification, source: str, *, ok: bool) -> dict[str, Any]:
+    """What ``audit verify --json`` prints (fields: see the README); ``ok``: exit code 0."""
+    return {
+        "log": source,
+        "ok": ok,
+        "problems": result.problems,
+        "unaudited": result.unaudited,
+        "sessions": [
+            {
+                "session_id": check.session_id,
+                "user_id": check.user_id,
+                "entries": check.entries,
+                "erased": check.erased,
+                "pruned": check.pruned,
+                "findings": [
+                    {
+                        "kind": finding.kind,
+                        "entry": finding.n,
+                        "position": finding.position or None,
+                        "detail": finding.detail,
+                    }
+                    for finding in check.findings
+                ],
+            }
+            for check in result.sessions
+        ],
+    }
 
 
 async def _run_verify(
@@ -166,24 +214,36 @@ def _default_trail(db: Path) -> Path:
 def _print_verification(
     console: Console, result: Verification, source: str, filters: dict[str, Any]
 ) -> None:
-    from rich.table import Table
+    from loomflow.cli.render import ID_CELLS, USER_CELLS, Cell, Column, Fitted
 
     if not result.sessions:
         what = " matching " + ", ".join(f"{k}={v!r}" for k, v in filters.items()) if filters else ""
         console.print(f"no audited sessions{what} in {source}")
         if filters:
             return  # not found
-    table = Table("session", "user", "entries", "erased / pruned", "status", box=None)
+    rows: list[list[str | Cell]] = []
     for check in result.sessions:
         removed = "erased" if check.erased else f"pruned x{check.pruned}" if check.pruned else ""
-        status = (
-            "[green]ok[/]"
-            if not check.findings
-            else f"[red]{count(len(check.findings), 'problem')}[/]"
+        found = len(check.findings)
+        rows.append(
+            [
+                check.session_id,
+                check.user_id or "-",
+                str(check.entries),
+                removed,
+                Cell(count(found, "problem"), style="red") if found else Cell("ok", style="green"),
+            ]
         )
-        table.add_row(check.session_id, check.user_id or "-", str(check.entries), removed, status)
     if result.sessions:
-        console.print(table)
+        columns = [
+            Column("session", cut=ID_CELLS),
+            Column("user", cut=USER_CELLS),
+            Column("entries", numeric=True),
+            Column("erased / pruned"),
+            Column("status"),
+        ]
+        console.print(Fitted(columns, rows))
+        console.print()
     for check in result.sessions:
         for finding in check.findings:
             where = f"entry {finding.n}" if finding.n is not None else "no entry"

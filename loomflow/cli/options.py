@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -14,8 +15,10 @@ __all__ = [
     "Refused",
     "add_db_option",
     "add_loglevel",
+    "id_of",
     "parse_when",
     "positive_int",
+    "user_filter",
     "user_of",
 ]
 
@@ -59,6 +62,26 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
             "nor an age (30d, 12h, 45m, 2w)"
         ) from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def id_of(what: str) -> Callable[[str], str]:
+    """An argument type: a valid id (``what``: ``session id``, ``user id``, ...)."""
+
+    def check(text: str) -> str:
+        from loomflow.errors import InvalidIdError
+        from loomflow.schemas import validate_id
+
+        try:
+            return validate_id(text, what)
+        except InvalidIdError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return check
+
+
+def user_filter(text: str) -> str:
+    """An argument type: a user id, or '' for the sessions run without a user."""
+    return text and id_of("user id")(text)
 
 
 def user_of(text: str | None) -> str | None:

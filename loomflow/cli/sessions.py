@@ -29,13 +29,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import Refused, parse_when, positive_int
+from loomflow.cli.options import Refused, id_of, parse_when, positive_int
 from loomflow.cli.render import (
+    STATUSES,
+    checkpoint_json,
     checkpoints_table,
     console,
     cost,
     count,
+    print_json,
     session_head,
+    session_json,
     sessions_table,
     status,
     timestamp,
@@ -62,17 +66,15 @@ Action = Callable[[argparse.Namespace, "Runtime", "Console"], Awaitable[int]]
 # -- arguments -------------------------------------------------------------------------
 
 
-def _id(what: str) -> Callable[[str], str]:
-    def check(text: str) -> str:
-        from loomflow.errors import InvalidIdError
-        from loomflow.schemas import validate_id
-
-        try:
-            return validate_id(text, what)
-        except InvalidIdError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    return check
+def _statuses(text: str) -> list[str]:
+    """A --status value: one status or several, comma-separated (stuck,failed)."""
+    names = [name.strip() for name in text.split(",")]
+    for name in names:
+        if name not in STATUSES:
+            raise argparse.ArgumentTypeError(
+                f"unknown status {name!r}: the statuses are {', '.join(STATUSES)}"
+            )
+    return names
 
 
 def _prompt(text: str) -> str:
@@ -106,7 +108,7 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument(
         "--user",
-        type=_id("user id"),
+        type=id_of("user id"),
         metavar="U",
         help="the user the session belongs to (default: none, as user_id=None)",
     )
@@ -114,7 +116,7 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     whose = users.add_mutually_exclusive_group()
     whose.add_argument(
         "--user",
-        type=_id("user id"),
+        type=id_of("user id"),
         metavar="U",
         help="this user's sessions (default: those run without a user, user_id=None)",
     )
@@ -134,7 +136,7 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
 def _session_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "session",
-        type=_id("session id"),
+        type=id_of("session id"),
         metavar="SESSION",
         help="a session id, as `loomflow sessions ls` lists them",
     )
@@ -152,7 +154,32 @@ def _agent_option(parser: argparse.ArgumentParser) -> None:
 
 def _limit_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--limit", type=positive_int, default=50, metavar="N", help="at most N rows (default: 50)"
+        "--limit",
+        type=positive_int,
+        default=50,
+        metavar="N",
+        help="at most N rows, counted after the filters (default: 50)",
+    )
+
+
+def _view_options(parser: argparse.ArgumentParser, json_help: str) -> None:
+    """``--json`` and ``--wide``: what a list or a show prints."""
+    parser.add_argument("--json", action="store_true", help=json_help)
+    parser.add_argument(
+        "--wide",
+        action="store_true",
+        help="every column whole (ids, times), however wide the terminal; a pipe or a "
+        "file with COLUMNS unset gets them whole anyway",
+    )
+
+
+def _since_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--since",
+        type=parse_when,
+        metavar="WHEN",
+        help=f"only {what} at or after WHEN: an ISO date or datetime (UTC unless it names a "
+        "zone) or an age (30d, 12h, 45m, 2w), as prune --before takes",
     )
 
 
@@ -178,11 +205,27 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "and cost, the session it was forked from. Erased sessions are not listed.",
     )
     _limit_option(ls)
-    ls.add_argument(
+    only = ls.add_mutually_exclusive_group()
+    only.add_argument(
         "--stuck",
         action="store_true",
         help="only the sessions a worker gave up on (parked), with their last error",
     )
+    only.add_argument(
+        "--status",
+        type=_statuses,
+        action="append",
+        metavar="S",
+        help=f"only sessions in status S ({', '.join(STATUSES)}); repeatable, or "
+        "comma-separated: stuck,failed",
+    )
+    _since_option(ls, "the sessions last active")
+    ls.add_argument(
+        "--agent",
+        metavar="NAME",
+        help="only the sessions whose latest run is of the agent NAME (Agent(name=...))",
+    )
+    _view_options(ls, "one JSON object per session, a line each (fields: see the README)")
     ls.set_defaults(handler=_handler("sessions ls", _list_sessions))
     show = verbs.add_parser(
         "show",
@@ -193,6 +236,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tokens and cost.",
     )
     _session_argument(show)
+    _view_options(show, "one JSON object: the session, its transcript, checkpoints and forks")
     show.set_defaults(handler=_handler("sessions show", _show_session))
     fork = verbs.add_parser(
         "fork",
@@ -207,14 +251,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--from",
         dest="checkpoint",
         required=True,
-        type=_id("checkpoint id"),
+        type=id_of("checkpoint id"),
         metavar="CKPT",
         help="the checkpoint to start from (see `loomflow checkpoints ls SESSION`)",
     )
     fork.add_argument(
         "--as",
         dest="new_id",
-        type=_id("session id"),
+        type=id_of("session id"),
         metavar="NEW_ID",
         help="the new session's id (default: a new sess… id)",
     )
@@ -298,6 +342,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _session_argument(ckpt_ls)
     _limit_option(ckpt_ls)
+    _since_option(ckpt_ls, "the checkpoints written")
+    _view_options(ckpt_ls, "one JSON object per checkpoint, a line each")
     ckpt_ls.set_defaults(handler=_handler("checkpoints ls", _list_checkpoints))
 
     prune = commands.add_parser(
@@ -315,7 +361,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="WHEN",
         help="an ISO date or datetime (UTC unless it names a zone), or an age: 30d, 12h, 45m, 2w",
     )
-    prune.add_argument("--session", type=_id("session id"), metavar="S", help="only this session")
+    prune.add_argument("--session", type=id_of("session id"), metavar="S", help="only this session")
     prune.set_defaults(handler=_handler("prune", _prune, writes=True))
 
     send = commands.add_parser(
@@ -344,7 +390,7 @@ def _handler(name: str, action: Action, *, writes: bool = False) -> Callable[...
     def handle(args: argparse.Namespace) -> int:
         from loomflow.errors import InvalidIdError, LoomflowError
 
-        out = console()
+        out = console(wide=getattr(args, "wide", False))
         access: Access = "read"
         if writes:
             access = "kafka" if args.kafka else "write"
@@ -389,15 +435,65 @@ def _whose(args: argparse.Namespace) -> Any:
     return ANY_USER if getattr(args, "all_users", False) else args.user
 
 
-def _none_of(user_id: Any) -> str:
+def _none_of(user_id: Any, filters: str = "") -> str:
     """What ``sessions ls`` says when it lists nothing, and where else to look."""
     from loomflow.runtime import ANY_USER
 
+    if filters:
+        whose = {ANY_USER: "of any user", None: "run without a user"}.get(
+            user_id, f"of user {user_id}"
+        )
+        return f"no sessions {whose} {filters}"
     if user_id is ANY_USER:
         return "no sessions of any user"
     if user_id is not None:
         return f"no sessions of user {user_id}; --all-users lists everyone's"
     return "no sessions run without a user; --user U lists a user's, --all-users everyone's"
+
+
+def _wanted(args: argparse.Namespace) -> list[str]:
+    """The statuses ``sessions ls`` keeps (none: every one)."""
+    if args.stuck:
+        return ["stuck"]
+    return sorted({name for names in args.status or [] for name in names})
+
+
+def _filters(args: argparse.Namespace) -> str:
+    """The filters of ``sessions ls``, as words: ``in status stuck, active since …``."""
+    said = []
+    statuses = _wanted(args)
+    if statuses:
+        said.append(f"in status {' or '.join(statuses)}")
+    if args.since is not None:
+        said.append(f"active since {timestamp(args.since)}")
+    if args.agent is not None:
+        said.append(f"of agent {args.agent!r}")
+    return ", ".join(said)
+
+
+#: the status the log gives a session that a person reads as abandoned (``status``); a
+#: forked one (no run yet) may be in any
+_STORED: dict[str, str | None] = {"abandoned": "running", "forked": None}
+
+
+async def _matching(store: DatabaseStore, args: argparse.Namespace) -> list[SessionRecord]:
+    """Up to ``--limit`` + 1 sessions that pass every filter, the most recently active
+    first: the store's query filters by user, stored status, time and agent; the
+    statuses a person reads off the clock (abandoned) or the lineage (forked) are kept
+    after reading, with more read until ``--limit`` rows passed or none is left."""
+    statuses = _wanted(args)
+    stored = {_STORED.get(name, name) for name in statuses}
+    query = None if None in stored else sorted(s for s in stored if s is not None) or None
+    wanted = args.limit + 1
+    fetch = wanted
+    while True:
+        rows = await store.list_sessions(
+            user_id=_whose(args), limit=fetch, status=query, since=args.since, agent=args.agent
+        )
+        kept = [row for row in rows if not statuses or status(row) in statuses]
+        if len(kept) >= wanted or len(rows) < fetch:
+            return kept[:wanted]
+        fetch *= 4
 
 
 async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRecord:
@@ -421,17 +517,24 @@ async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRecord:
 
 async def _list_sessions(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
     user_id = _whose(args)
-    status = "stuck" if args.stuck else None
-    rows = await _store(runtime).list_sessions(user_id=user_id, limit=args.limit + 1, status=status)
-    if not rows:
-        out.print("no stuck sessions" if args.stuck else _none_of(user_id))
+    rows = await _matching(_store(runtime), args)
+    shown = rows[: args.limit]
+    more = f"the {args.limit} most recently active shown; --limit N for more"
+    if args.json:
+        for row in shown:
+            print_json(session_json(row))
+        if len(rows) > args.limit:
+            print(more, file=sys.stderr)
         return 0
-    out.print(sessions_table(rows[: args.limit], parent=True))
+    if not rows:
+        out.print("no stuck sessions" if args.stuck else _none_of(user_id, _filters(args)))
+        return 0
+    out.print(sessions_table(shown, parent=True))
     if args.stuck:
-        for row in rows[: args.limit]:
+        for row in shown:
             out.print(f"{row.session_id}: {row.last_error}", markup=False, highlight=False)
     if len(rows) > args.limit:
-        out.print(f"the {args.limit} most recently active shown; --limit N for more")
+        out.print(more)
     return 0
 
 
@@ -449,6 +552,16 @@ async def _show_session(args: argparse.Namespace, runtime: Runtime, out: Console
     forks = await store.list_sessions(
         user_id=row.user_id, parent_session_id=row.session_id, limit=1000
     )
+    if args.json:
+        print_json(
+            {
+                **session_json(row),
+                "transcript": [message.model_dump(mode="json") for message in messages],
+                "checkpoints": [checkpoint_json(c, scope) for c in checkpoints],
+                "forks": [session_json(fork) for fork in forks],
+            }
+        )
+        return 0
 
     out.print(session_head(row))
     out.print()
@@ -475,12 +588,23 @@ async def _list_checkpoints(args: argparse.Namespace, runtime: Runtime, out: Con
     row = await _session(runtime, args)
     scope = Scope(row.session_id, row.user_id)
     rows = await _store(runtime).list_checkpoints(scope, args.limit + 1)
-    if not rows:
-        out.print(f"{scope.describe()} has no checkpoints")
+    if args.since is not None:  # newest first: the ones since WHEN are the first ones
+        rows = [r for r in rows if r.created_at >= args.since]
+    shown = rows[: args.limit]
+    more = f"the {args.limit} newest shown; --limit N for more"
+    if args.json:
+        for checkpoint in shown:
+            print_json(checkpoint_json(checkpoint, scope))
+        if len(rows) > args.limit:
+            print(more, file=sys.stderr)
         return 0
-    out.print(checkpoints_table(rows[: args.limit]))
+    if not rows:
+        since = "" if args.since is None else f" since {timestamp(args.since)}"
+        out.print(f"{scope.describe()} has no checkpoints{since}")
+        return 0
+    out.print(checkpoints_table(shown))
     if len(rows) > args.limit:
-        out.print(f"the {args.limit} newest shown; --limit N for more")
+        out.print(more)
     return 0
 
 
@@ -531,7 +655,7 @@ async def _prune(args: argparse.Namespace, runtime: Runtime, out: Console) -> in
     what = f"sessions of {who(user_id)}"
     if args.session is not None:
         what = f"session {args.session} of {who(user_id)}"
-    before = timestamp(args.before, exact=True)
+    before = timestamp(args.before)
     plan = (
         f"{what}: delete those last active before {before} whole, and in the others the "
         "checkpoints and journal steps recorded before it"

@@ -7,9 +7,10 @@ import asyncio
 import signal
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from loomflow.cli.options import add_db_option, user_of
+from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
+from loomflow.cli.render import iso, who
 from loomflow.cli.stores import Source, quiet_kafka
 
 if TYPE_CHECKING:
@@ -27,23 +28,62 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tail",
         help="follow the log live, one line per event",
         description="Print each event of the log as it is appended, from now on (or from "
-        "the beginning), as one readable line or as JSON. Reads with no consumer group, so "
-        "it moves no one's positions. Ctrl-C stops.",
+        "the beginning), as one readable line or as JSON; with --no-follow, the log as it "
+        "is and exit. Reads with no consumer group, so it moves no one's positions. Ctrl-C "
+        "stops. Exit codes: 0 done, 1 the log cannot be read (or, with --no-follow, "
+        "--session has no events), 2 a usage error.",
     )
     add_db_option(tail)
-    tail.add_argument("--session", metavar="S", help="only this session")
-    tail.add_argument("--user", metavar="U", help="only this user's sessions ('' for none)")
+    tail.add_argument("--session", type=id_of("session id"), metavar="S", help="only this session")
+    tail.add_argument(
+        "--user", type=user_filter, metavar="U", help="only this user's sessions ('' for none)"
+    )
     tail.add_argument(
         "--type",
+        type=_event_type,
         metavar="T",
         action="append",
         help="only events of this type, or of a family ending in '.*' (run.*); repeatable",
     )
     tail.add_argument("--json", action="store_true", help="one JSON object per line")
     tail.add_argument(
+        "--wide",
+        action="store_true",
+        help="every line whole, however wide the terminal (a pipe or a file with COLUMNS "
+        "unset gets them whole anyway)",
+    )
+    start = tail.add_mutually_exclusive_group()
+    start.add_argument(
         "--from-beginning", action="store_true", help="the whole log first, then follow"
     )
+    start.add_argument(
+        "--no-follow",
+        action="store_true",
+        help="print the whole log as it is now, then exit (kcat's -e)",
+    )
     tail.set_defaults(handler=_tail)
+
+
+def event_types() -> tuple[str, ...]:
+    """The type of every event of the log, in alphabetical order."""
+    from typing import get_args
+
+    from loomflow.schemas import Event
+
+    union = get_args(Event)[0]
+    return tuple(sorted(kind.model_fields["type"].default for kind in get_args(union)))
+
+
+def _event_type(text: str) -> str:
+    """A --type value: an event's type, or a family of them (``run.*``)."""
+    kinds = event_types()
+    if text in kinds or (text.endswith(".*") and any(_type_matches(k, text) for k in kinds)):
+        return text
+    families = sorted({kind.split(".")[0] + ".*" for kind in kinds})
+    raise argparse.ArgumentTypeError(
+        f"unknown event type {text!r}: the types are {', '.join(kinds)}; the families "
+        f"{', '.join(families)}"
+    )
 
 
 def _tail(args: argparse.Namespace) -> int:
@@ -53,33 +93,88 @@ def _tail(args: argparse.Namespace) -> int:
     if source is None:
         return 2
     quiet_kafka()
-    start = "beginning" if args.from_beginning else "end"
     try:
-        asyncio.run(_follow(args, source, start))
+        return asyncio.run(_read(args, source))
     except LoomflowError as exc:
         print(f"loomflow tail: {exc}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # the reader went away (| head): not an error
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _quiet_stdout()
     return 0
 
 
-async def _follow(args: argparse.Namespace, source: Source, start: Any) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+def _quiet_stdout() -> None:
+    """Send what is left of stdout nowhere: its reader is gone, and flushing it again
+    at exit would raise once more."""
+    import os
+
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+async def _read(args: argparse.Namespace, source: Source) -> int:
+    """Print the log's records that pass the filters: to its end (--no-follow), or as
+    they come until Ctrl-C, or until the reader of stdout is gone."""
+    from loomflow.cli.render import output_width
+    from loomflow.log.reader import drain
+
     wanted = _Filter(args.session, args.user, args.type)
+    width = None if args.json else output_width(args.wide)
+    start: Literal["beginning", "end"] = "end"
+    if args.from_beginning or args.no_follow:
+        start = "beginning"
+    shown = 0
+
+    def show(batch: list[LogRecord]) -> None:
+        nonlocal shown
+        # one read may bring several partitions' records: show them in time order
+        for record in sorted(batch, key=_when):
+            line = _line(record, args.json, width) if wanted(record) else None
+            if line is not None:
+                print(line, flush=True)
+                shown += 1
+
     async with source.reader(start=start) as reader:
+        if args.no_follow:
+            async for batch in drain(reader):
+                show(batch)
+            if args.session is not None and not shown:
+                user = "" if args.user is None else f" of {who(user_of(args.user))}"
+                print(
+                    f"loomflow tail: no events of session {args.session}{user} in {reader.source}",
+                    file=sys.stderr,
+                )
+                return 1
+            return 0
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
         print(f"following {reader.source}; Ctrl-C stops", file=sys.stderr, flush=True)
         while not stop.is_set():
-            # one poll may bring several partitions' records: show them in time order
-            for record in sorted(await reader.read(wait=0.5), key=_when):
-                line = _line(record, args.json) if wanted(record) else None
-                if line is not None:
-                    print(line, flush=True)
+            batch = await reader.read(wait=0.5)
+            show(batch)
+            if not batch and _stdout_gone():
+                _quiet_stdout()
+                break
+    return 0
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``| head`` took its lines), so a
+    follow that prints nothing more still ends, as ``tail -f`` does."""
+    import os
+    import select
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return False
+        poll = select.poll()
+    except (AttributeError, OSError, ValueError):  # no fileno, or no poll (Windows)
+        return False
+    poll.register(fd, 0)  # a closed pipe's error is reported whatever is asked
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
 def _when(record: LogRecord) -> datetime:
@@ -111,7 +206,8 @@ def _type_matches(kind: str, pattern: str) -> bool:
     return kind == pattern
 
 
-def _line(record: LogRecord, as_json: bool) -> str:
+def _line(record: LogRecord, as_json: bool, width: int | None = None) -> str:
+    """The record as a line: JSON, or words fitted to ``width`` (None: whole)."""
     import orjson
 
     if as_json:
@@ -125,7 +221,7 @@ def _line(record: LogRecord, as_json: bool) -> str:
                 "session_id": note.session_id,
                 "seqs": note.seqs,
                 "through_seq": note.through_seq,
-                "at": note.at.isoformat(),
+                "at": iso(note.at),
             }
         else:
             body = {"type": "invalid", "error": record.error}
@@ -134,19 +230,48 @@ def _line(record: LogRecord, as_json: bool) -> str:
         if record.note is not None:
             note = record.note
             seqs = "all events" if note.seqs is None else f"{len(note.seqs)} step events"
-            return (
-                f"{note.at:%H:%M:%S.%f}"[:-3]
-                + f"  {note.session_id}  {note.user_id or '-'}  log.pruned  {seqs} through "
-                f"seq {note.through_seq}"
+            return _fitted(
+                f"{note.at:%H:%M:%S.%f}"[:-3],
+                note.session_id,
+                note.user_id or "-",
+                "log.pruned",
+                f"{seqs} through seq {note.through_seq}",
+                width,
             )
         return f"{record.position}  invalid record: {record.error}"
     event = record.event
-    head = (
-        f"{event.at:%H:%M:%S.%f}"[:-3]
-        + f"  {event.session_id}  {event.user_id or '-'}  #{event.seq}  {event.type}"
+    return _fitted(
+        f"{event.at:%H:%M:%S.%f}"[:-3],
+        event.session_id,
+        event.user_id or "-",
+        f"#{event.seq}  {event.type}",
+        describe(event),
+        width,
     )
-    detail = describe(event)
-    return f"{head}  {detail}" if detail else head
+
+
+#: below this width, a line's session and user are cut in the middle (sess01jx…4k2p)
+_NARROW = 120
+
+
+def _fitted(at: str, session: str, user: str, what: str, detail: str, width: int | None) -> str:
+    """An event's line fitted to ``width`` (None: whole): in a narrow one, the session
+    and user cut in the middle; then the detail cut at the end to what is left."""
+    from loomflow.cli.render import ID_CELLS, USER_CELLS, middle
+
+    def line(session: str, user: str, detail: str) -> str:
+        return "  ".join(part for part in (at, session, user, what, detail) if part)
+
+    if width is None:
+        return line(session, user, detail)
+    if width < _NARROW:
+        session, user = middle(session, ID_CELLS), middle(user, USER_CELLS)
+    if len(line(session, user, detail)) <= width:
+        return line(session, user, detail)
+    room = width - len(line(session, user, "")) - 2
+    if len(detail) > room:
+        detail = detail[: room - 1] + "…" if room > 1 else ""
+    return line(session, user, detail)
 
 
 def describe(event: Event) -> str:

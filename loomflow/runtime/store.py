@@ -267,14 +267,18 @@ class DatabaseStore(EventStore):
         user_id: Any,
         parent_session_id: str | None = None,
         limit: int = 100,
-        status: str | None = None,
+        status: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        agent: str | None = None,
     ) -> list[SessionRecord]:
         """Up to ``limit`` sessions, the most recently active first; metadata only.
 
         ``user_id`` has no default: a user's id, None for the sessions run without a
         user, or ``ANY_USER`` for every user's. With ``parent_session_id``, only the
-        sessions forked from that session; with ``status`` (running, waiting, finished,
-        failed, stuck), only the sessions in it. Erased sessions are not listed.
+        sessions forked from that session; with ``status`` (running, waiting, signalled,
+        finished, failed, stuck, cancelled, or several of them), only the sessions in it;
+        with ``since``, only those last active at or after it; with ``agent``, only those
+        whose latest run is of that agent. Erased sessions are not listed.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, not {limit!r}")
@@ -283,13 +287,18 @@ class DatabaseStore(EventStore):
             validate_id(user_id, "user_id")
         if parent_session_id is not None:
             validate_id(parent_session_id, "parent_session_id")
+        statuses = None if status is None else (status,) if isinstance(status, str) else status
+        if statuses is not None and not statuses:
+            return []
         rows: list[SessionRecord] = await self._query(
             self.queries.list_sessions,
             None if any_user else user_id,
             any_user,
             parent_session_id,
             min(limit, _MAX_LIMIT),
-            status,
+            None if statuses is None else tuple(statuses),
+            since,
+            agent,
         )
         return rows
 

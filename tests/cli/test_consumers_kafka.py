@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
+import orjson
 import pytest
 
 from loomflow.log.reader import committed_offsets
@@ -202,6 +203,25 @@ async def test_tail_prints_events_appended_while_it_runs(env: KafkaEnv) -> None:
     assert tail.returncode == 0
     assert "  live  -  #1  run.started  run" in lines[0], lines
     assert "run.finished" in lines[1] and "completed after" in lines[1], lines
+
+
+async def test_tail_no_follow_prints_the_topic_to_its_end_and_exits(env: KafkaEnv) -> None:
+    await env.start_projector()
+    await _research(env, "s1", "s2")
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "loomflow.cli", "tail", "--no-follow", "--json"),
+        env=_env_of(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, err
+    events = [orjson.loads(line) for line in out.splitlines()]
+    assert sum((await _written(env)).values()) == len(events)  # every record, once
+    assert [e["type"] for e in events if e["session_id"] == "s2"][-1] == "run.finished"
+    assert all(re.fullmatch(r"\d+:\d+", e["position"]) for e in events)  # partition:offset
+    code, said = await _loomflow(env, "tail", "--no-follow", "--session", "nope")
+    assert code == 1 and "no events of session nope in Kafka topic" in said, said
 
 
 async def test_a_topic_nothing_wrote_to_is_named_not_waited_for(env: KafkaEnv) -> None:

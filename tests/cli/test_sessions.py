@@ -7,7 +7,6 @@ import asyncio
 import io
 import os
 import re
-import secrets
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from loomflow.schemas import RunStarted, utcnow
 from loomflow.schemas.events import RunStartedPayload
 from loomflow.schemas.sessions import SessionRecord
 from tests.support import lifecycle
+from tests.support.cli import Cli, Ran
 from tests.support.services import postgres_dsn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,31 +99,6 @@ def _store(runtime: Runtime) -> DatabaseStore:
     store = runtime.store
     assert isinstance(store, DatabaseStore)
     return store
-
-
-@dataclass
-class Ran:
-    code: int
-    out: str
-    err: str
-
-
-Cli = Callable[..., Ran]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str]) -> Cli:
-    """``loomflow ARGS`` in this process: exit code, stdout and stderr."""
-
-    def run(*argv: str) -> Ran:
-        try:
-            code = main(list(argv))
-        except SystemExit as exc:  # argparse refusing the arguments
-            code = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return Ran(code, out, err)
-
-    return run
 
 
 def _lines_with(text: str, *needles: str) -> list[str]:
@@ -642,26 +617,6 @@ def test_the_lifecycle_verbs_refuse_bad_input_with_one_line_and_an_exit_code(
 
 
 # --- PostgreSQL --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def schema(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A schema of this test's own, named as a user would: LOOMFLOW_SCHEMA (and the DSN
-    by LOOMFLOW_POSTGRES_DSN), no option."""
-    name = f"lf_test_{secrets.token_hex(6)}"
-    dsn = postgres_dsn()
-    monkeypatch.setenv("LOOMFLOW_POSTGRES_DSN", dsn)
-    monkeypatch.setenv("LOOMFLOW_SCHEMA", name)
-    yield name
-
-    async def drop() -> None:
-        conn = await asyncpg.connect(dsn)
-        try:
-            await conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        finally:
-            await conn.close()
-
-    asyncio.run(drop())
 
 
 def _on_postgres(read: Callable[[Runtime], object]) -> object:

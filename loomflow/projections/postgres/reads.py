@@ -79,22 +79,32 @@ async def list_sessions(
     any_user: bool,
     parent_session_id: str | None,
     limit: int,
-    status: str | None = None,
+    status: Sequence[str] | None = None,
+    since: datetime | None = None,
+    agent: str | None = None,
 ) -> list[SessionRecord]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it; with ``status``, only the sessions in it."""
+    sessions forked from it; with ``status``, only the sessions in one of them; with
+    ``since``, only those last active at or after it; with ``agent``, only those whose
+    latest run is of that agent."""
     args: list[Any] = []
     where = ["status <> 'erased'"]
     if status is not None:
-        args.append(status)
-        where.append(f"status = ${len(args)}")
+        args.append(list(status))
+        where.append(f"status = ANY(${len(args)}::text[])")
     if not any_user:
         args.append(stored_user(user_id))
         where.append(f"user_id = ${len(args)}")
     if parent_session_id is not None:
         args.append(parent_session_id)
         where.append(f"parent_session_id = ${len(args)}")
+    if since is not None:
+        args.append(since)
+        where.append(f"updated_at >= ${len(args)}")
+    if agent is not None:
+        args.append(agent)
+        where.append(f"control->>'agent' = ${len(args)}")
     args.append(limit)
     rows = await conn.fetch(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)} "

@@ -64,21 +64,32 @@ def list_sessions(
     any_user: bool,
     parent_session_id: str | None,
     limit: int,
-    status: str | None = None,
+    status: Sequence[str] | None = None,
+    since: datetime | None = None,
+    agent: str | None = None,
 ) -> list[SessionRecord]:
     """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
     ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it; with ``status``, only the sessions in it."""
-    where, params = ["status <> 'erased'"], []
+    sessions forked from it; with ``status``, only the sessions in one of them; with
+    ``since``, only those last active at or after it; with ``agent``, only those whose
+    latest run is of that agent."""
+    where: list[str] = ["status <> 'erased'"]
+    params: list[Any] = []
     if status is not None:
-        where.append("status = ?")
-        params.append(status)
+        where.append(f"status IN ({', '.join('?' * len(status))})")
+        params.extend(status)
     if not any_user:
         where.append("user_id = ?")
         params.append(stored_user(user_id))
     if parent_session_id is not None:
         where.append("parent_session_id = ?")
         params.append(parent_session_id)
+    if since is not None:
+        where.append("updated_at >= ?")
+        params.append(ts(since))
+    if agent is not None:
+        where.append("json_extract(control, '$.agent') = ?")
+        params.append(agent)
     rows = conn.execute(
         f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions WHERE {' AND '.join(where)} "
         "ORDER BY updated_at DESC, user_id, session_id LIMIT ?",
