@@ -158,14 +158,20 @@ def documented_commands(marker: str) -> list[tuple[list[str], str]]:
     return pairs
 
 
+#: what the tests' own process has and a user's shell does not: the venv it runs in, and,
+#: under `make test`, the outer make's variables (a make started with them prints
+#: "Entering directory" lines, as a sub-make does)
+_NOT_IN_A_SHELL = frozenset({"VIRTUAL_ENV", "MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES"})
+
+
 def user_env(**overrides: str) -> dict[str, str]:
     """A user's shell, as the README's commands run in it: this venv's commands first on
     PATH (as after ``. .venv/bin/activate``), no LOOMFLOW_* or ANTHROPIC_* naming, no
-    colours; ``overrides`` on top."""
+    colours, no outer make's variables; ``overrides`` on top."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("LOOMFLOW_", "ANTHROPIC_", "PYTHON")) and k != "VIRTUAL_ENV"
+        if not k.startswith(("LOOMFLOW_", "ANTHROPIC_", "PYTHON")) and k not in _NOT_IN_A_SHELL
     }
     env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", os.defpath)])
     env.update(VIRTUAL_ENV=str(BIN.parent), NO_COLOR="1")
