@@ -15,7 +15,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import Refused, add_loglevel, parse_when
+from loomflow.cli.options import Refused, add_loglevel, parse_when, run_faust_worker
 from loomflow.cli.stores import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
@@ -353,8 +353,4 @@ def _analytics(args: argparse.Namespace) -> int:
         return 1
     from loomflow.analytics.app import create_app
 
-    app = create_app(settings)
-    # faust's worker reads its own command line; no web server, whatever faust defaults to
-    sys.argv = ["loomflow analytics", "worker", "--without-web", "--loglevel", args.loglevel]
-    app.main()
-    return 0
+    return run_faust_worker("analytics", create_app(settings), args.loglevel)

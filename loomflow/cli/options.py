@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "Refused",
@@ -97,6 +99,14 @@ def add_loglevel(parser: argparse.ArgumentParser) -> None:
         choices=("crit", "error", "warn", "info", "debug"),
         help="(default: %(default)s)",
     )
+
+
+def run_faust_worker(command: str, app: Any, loglevel: str) -> int:
+    """Run ``app`` (a faust app) as ``loomflow COMMAND`` runs its worker: faust reads its
+    own command line, and the web server stays off whatever faust defaults to."""
+    sys.argv = [f"loomflow {command}", "worker", "--without-web", "--loglevel", loglevel]
+    app.main()
+    return 0
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:

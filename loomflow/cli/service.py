@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from loomflow.cli.options import add_loglevel
+from loomflow.cli.options import add_loglevel, run_faust_worker
 from loomflow.cli.stores import read_settings
 
 if TYPE_CHECKING:
@@ -75,11 +75,7 @@ def _processor(args: argparse.Namespace) -> int:
         return 1
     from loomflow.processors.app import create_app
 
-    app = create_app(settings)
-    # faust's worker reads its own command line; no web server, whatever faust defaults to
-    sys.argv = ["loomflow processor", "worker", "--without-web", "--loglevel", args.loglevel]
-    app.main()
-    return 0
+    return run_faust_worker("processor", create_app(settings), args.loglevel)
 
 
 async def _ready_to_project(settings: Settings) -> None:
