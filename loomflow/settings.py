@@ -14,7 +14,14 @@ import contextlib
 import re
 from typing import Any
 
-from pydantic import AliasChoices, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loomflow.schemas.codec import Serializer
@@ -82,6 +89,11 @@ class Settings(BaseSettings):
     ``LOOMFLOW_POOL_MAX_SIZE``
     ``LOOMFLOW_SQLITE_BUSY_TIMEOUT_MS``       how long a SQLite store's thread waits for
                                               another process's write lock
+    ``LOOMFLOW_UI_HOST``, ``LOOMFLOW_UI_PORT``  where ``loomflow ui`` listens (default
+                                              127.0.0.1:8765)
+    ``LOOMFLOW_UI_TOKEN``                     the token ``loomflow ui`` asks for (a header
+                                              or its cookie); unset, it makes one when it
+                                              listens beyond the loopback
     ========================================  =================================================
     """
 
@@ -114,6 +126,9 @@ class Settings(BaseSettings):
     pool_min_size: int = Field(default=1, ge=0)
     pool_max_size: int = Field(default=10, ge=1)
     sqlite_busy_timeout_ms: int = Field(default=30_000, ge=0)
+    ui_host: str = "127.0.0.1"
+    ui_port: int = Field(default=8765, ge=0, le=65535)
+    ui_token: SecretStr | None = Field(default=None, min_length=16)
 
     @field_validator("kafka_bootstrap", "postgres_dsn")
     @classmethod

@@ -49,7 +49,16 @@ def _parser() -> argparse.ArgumentParser:
 
 #: the modules of the commands: each has ``NAMES`` (the commands it adds),
 #: ``add_parser(commands)`` and sets ``handler`` (args -> exit code) on its parsers
-_MODULES: tuple[str, ...] = ("analytics", "audit", "otel", "service", "sessions", "tail", "worker")
+_MODULES: tuple[str, ...] = (
+    "analytics",
+    "audit",
+    "otel",
+    "service",
+    "sessions",
+    "tail",
+    "ui",
+    "worker",
+)
 
 
 def _command_modules() -> list[CommandModule]:
@@ -64,6 +73,11 @@ EXTRA_OF_MODULE = {
     "asyncpg": "postgres",
     "aiokafka": "kafka",
     "faust": "kafka",
+    "fastapi": "ui",
+    "starlette": "ui",
+    "uvicorn": "ui",
+    "jinja2": "ui",
+    "sse_starlette": "ui",
 }
 
 

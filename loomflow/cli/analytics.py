@@ -15,8 +15,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import Refused, add_loglevel, parse_when, run_faust_worker
-from loomflow.cli.stores import Source, quiet_kafka, read_settings
+from loomflow.cli.options import add_loglevel, parse_when, run_faust_worker
+from loomflow.control.refused import Refused
+from loomflow.control.source import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
     from loomflow.analytics.report import ReadModel

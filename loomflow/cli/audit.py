@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
 from loomflow.cli.render import count, print_json
-from loomflow.cli.stores import Source, quiet_kafka
+from loomflow.control.source import Source, quiet_kafka
 
 if TYPE_CHECKING:
     from rich.console import Console

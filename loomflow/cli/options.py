@@ -1,4 +1,4 @@
-"""What several commands take alike: argument types, options, and the refusal of a request.
+"""What several commands take alike: argument types and options.
 
 Only the standard library loads here: ``loomflow --help`` builds every parser with it.
 """
@@ -6,15 +6,13 @@ Only the standard library loads here: ``loomflow --help`` builds every parser wi
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "Refused",
     "add_db_option",
     "add_loglevel",
     "id_of",
@@ -23,17 +21,6 @@ __all__ = [
     "user_filter",
     "user_of",
 ]
-
-_AGE = re.compile(r"(\d+)([smhdw])")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-class Refused(Exception):
-    """A request the command turns down, with its exit code (2: usage, 1: not found)."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def positive_int(text: str) -> int:
@@ -47,23 +34,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-def parse_when(text: str, now: datetime | None = None) -> datetime:
-    """An aware UTC moment from ``--before``: an ISO date or datetime (UTC when it names
-    no zone) or an age before ``now``: a whole number and s, m, h, d or w (``30d``)."""
-    # A regex and timedelta, not a date-parsing dependency: these two forms are all
-    # --before takes, and datetime.fromisoformat reads every ISO form since 3.11.
-    age = _AGE.fullmatch(text.strip())
-    if age is not None:
-        delta = timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
-        return (now or datetime.now(UTC)) - delta
+def parse_when(text: str) -> datetime:
+    """An argument type: a moment as ``--before`` and ``--since`` take it
+    (:func:`loomflow.control.when.parse_when`)."""
+    from loomflow.control.when import parse_when as moment
+
     try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither an ISO date or datetime (2026-11-01, 2026-11-01T12:00:00Z) "
-            "nor an age (30d, 12h, 45m, 2w)"
-        ) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+        return moment(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def id_of(what: str) -> Callable[[str], str]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from loomflow.cli.options import add_db_option
 from loomflow.cli.render import count
-from loomflow.cli.stores import Source, quiet_kafka
+from loomflow.control.source import Source, quiet_kafka
 
 if TYPE_CHECKING:
     from loomflow.otel import TraceState

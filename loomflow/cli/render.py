@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from loomflow.control.status import status
+
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
     from rich.table import Table
@@ -31,7 +33,6 @@ if TYPE_CHECKING:
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
-    "STATUSES",
     "Cell",
     "Column",
     "Fitted",
@@ -49,7 +50,6 @@ __all__ = [
     "session_head",
     "session_json",
     "sessions_table",
-    "status",
     "timestamp",
     "tokens",
     "transcript",
@@ -58,19 +58,6 @@ __all__ = [
 
 #: the width of a pipe's or a file's output, and of ``--wide``'s: every row whole
 WHOLE = 1000
-
-#: the statuses a person reads (``status``), which ``sessions ls --status`` takes
-STATUSES = (
-    "running",
-    "abandoned",
-    "waiting",
-    "signalled",
-    "stuck",
-    "finished",
-    "failed",
-    "forked",
-    "cancelled",
-)
 
 #: the cells a cut id or user keeps: ``sess01jx…4k2p``
 ID_CELLS = 13
@@ -120,18 +107,6 @@ def who(user_id: Any) -> str:
     if user_id is ANY_USER:
         return "every user"
     return "no user" if user_id is None else f"user {user_id}"
-
-
-def status(row: SessionRecord) -> str:
-    """The status a person reads: ``forked`` for a session `sessions fork` made that has
-    had no run yet; ``abandoned`` for a running one whose writer has been silent past its
-    lease (read off the lease and the clock now, never written: a worker takes it over);
-    else the status the log gives it."""
-    from loomflow.runtime.base import abandoned
-
-    if row.last_run_id is None:
-        return "forked"
-    return "abandoned" if abandoned(row) else row.status
 
 
 # -- times, numbers, ids ---------------------------------------------------------------

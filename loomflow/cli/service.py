@@ -12,7 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from loomflow.cli.options import add_loglevel, run_faust_worker
-from loomflow.cli.stores import read_settings
+from loomflow.control.source import read_settings
 
 if TYPE_CHECKING:
     from loomflow.settings import Settings

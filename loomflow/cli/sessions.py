@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from loomflow.cli.options import Refused, id_of, parse_when, positive_int
+from loomflow.cli.options import id_of, parse_when, positive_int
 from loomflow.cli.render import (
-    STATUSES,
     checkpoint_json,
     checkpoints_table,
     console,
@@ -41,17 +39,18 @@ from loomflow.cli.render import (
     session_head,
     session_json,
     sessions_table,
-    status,
     timestamp,
     transcript,
     who,
 )
-from loomflow.cli.stores import Access, Source, quiet_kafka
+from loomflow.control import verbs
+from loomflow.control.refused import Refused
+from loomflow.control.source import Access, Source, quiet_kafka
+from loomflow.control.status import STATUSES
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from loomflow.agent import Agent
     from loomflow.runtime import DatabaseStore, Runtime, Scope
     from loomflow.schemas import RunResult
     from loomflow.schemas.sessions import SessionRecord
@@ -471,45 +470,24 @@ def _filters(args: argparse.Namespace) -> str:
     return ", ".join(said)
 
 
-#: the status the log gives a session that a person reads as abandoned (``status``); a
-#: forked one (no run yet) may be in any
-_STORED: dict[str, str | None] = {"abandoned": "running", "forked": None}
-
-
 async def _matching(store: DatabaseStore, args: argparse.Namespace) -> list[SessionRecord]:
     """Up to ``--limit`` + 1 sessions that pass every filter, the most recently active
-    first: the store's query filters by user, stored status, time and agent; the
-    statuses a person reads off the clock (abandoned) or the lineage (forked) are kept
-    after reading, with more read until ``--limit`` rows passed or none is left."""
-    statuses = _wanted(args)
-    stored = {_STORED.get(name, name) for name in statuses}
-    query = None if None in stored else sorted(s for s in stored if s is not None) or None
-    wanted = args.limit + 1
-    fetch = wanted
-    while True:
-        rows = await store.list_sessions(
-            user_id=_whose(args), limit=fetch, status=query, since=args.since, agent=args.agent
-        )
-        kept = [row for row in rows if not statuses or status(row) in statuses]
-        if len(kept) >= wanted or len(rows) < fetch:
-            return kept[:wanted]
-        fetch *= 4
+    first (one more than shown, to say that there are more)."""
+    return await verbs.matching(
+        store,
+        user_id=_whose(args),
+        statuses=_wanted(args),
+        since=args.since,
+        agent=args.agent,
+        limit=args.limit + 1,
+    )
 
 
 async def _session(runtime: Runtime, args: argparse.Namespace) -> SessionRecord:
     """The row of ``args.session`` for ``args.user``; another user's is "not found"."""
     from loomflow.runtime import Scope
 
-    scope = Scope(args.session, args.user)
-    row = await runtime.store.session(scope)
-    if row is None:
-        raise Refused(
-            f"no {scope.describe()}; list them with `loomflow sessions ls` (a user's "
-            "sessions need --user U)"
-        )
-    if row.status == "erased":
-        raise Refused(f"{scope.describe()} was erased")
-    return row
+    return await verbs.session(runtime, Scope(args.session, args.user))
 
 
 # -- the commands ----------------------------------------------------------------------
@@ -609,43 +587,24 @@ async def _list_checkpoints(args: argparse.Namespace, runtime: Runtime, out: Con
 
 
 async def _fork(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
-    from loomflow.errors import CheckpointNotFoundError, InvalidIdError
     from loomflow.runtime import Scope
 
-    await _session(runtime, args)
-    try:
-        child = await runtime.fork(
-            Scope(args.session, args.user), args.checkpoint, session_id=args.new_id
-        )
-    except CheckpointNotFoundError:
-        raise Refused(
-            f"no checkpoint {args.checkpoint} for {Scope(args.session, args.user).describe()}; "
-            f"list them with `loomflow checkpoints ls {args.session}`"
-        ) from None
-    except InvalidIdError as exc:  # the new id is taken
-        raise Refused(f"{exc}; choose another --as", 1) from None
-    print(child.session_id)  # alone on stdout, for NEW=$(loomflow sessions fork ...)
+    scope = Scope(args.session, args.user)
+    child = await verbs.fork(runtime, scope, args.checkpoint, new_id=args.new_id)
+    print(child)  # alone on stdout, for NEW=$(loomflow sessions fork ...)
     return 0
 
 
 async def _signal(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
-    import orjson
-
-    from loomflow.errors import SessionNotFoundError
     from loomflow.runtime import Scope
 
     try:
-        data = orjson.loads(args.json)
-    except orjson.JSONDecodeError as exc:
-        raise Refused(f"--json is not JSON: {exc}", 2) from None
-    try:
-        seq = await runtime.signal(Scope(args.session, args.user), args.name, data)
-    except SessionNotFoundError:
+        data = verbs.parse_payload(args.json)
+    except Refused as exc:
         raise Refused(
-            f"no session {args.session} of {who(args.user)}; list them with `loomflow sessions ls`"
+            f"--json is not JSON: {str(exc).removeprefix('the payload is not JSON: ')}", 2
         ) from None
-    except ValueError as exc:  # the name
-        raise Refused(str(exc), 2) from None
+    seq = await verbs.signal(runtime, Scope(args.session, args.user), args.name, data)
     print(f"sent {args.name} to {args.session} (seq {seq})")
     return 0
 
@@ -691,32 +650,20 @@ async def _erase(args: argparse.Namespace, runtime: Runtime, out: Console) -> in
 
     row = await _session(runtime, args)
     scope = Scope(row.session_id, row.user_id)
-    plan = (
-        f"{scope.describe()}: its {count(row.last_seq, 'event')}, transcript, checkpoints "
-        "and journal, from the log and every projection (a tombstone keeps the id from "
-        "being used again)"
-    )
-    if not _confirmed(args, out, "erase", plan):
+    if not _confirmed(args, out, "erase", verbs.erase_plan(row, scope)):
         out.print("nothing erased")
         return 0
-    if not await runtime.store.erase(scope.session_id, user_id=scope.user_id):
-        raise Refused(f"no {scope.describe()}: it was erased meanwhile")
+    await verbs.erase(runtime, scope)
     out.print(f"erased {scope.describe()}")
     return 0
 
 
 async def _cancel(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
-    from loomflow.errors import SessionNotFoundError
     from loomflow.runtime import Scope
 
-    row = await _session(runtime, args)
+    scope = Scope(args.session, args.user)
+    row, seq = await verbs.cancel(runtime, scope, args.reason)
     scope = Scope(row.session_id, row.user_id)
-    try:
-        seq = await runtime.cancel(scope, args.reason)
-    except SessionNotFoundError:
-        raise Refused(f"no {scope.describe()}: it was erased meanwhile") from None
-    except ValueError as exc:  # the reason
-        raise Refused(str(exc), 2) from None
     out.print(
         f"cancelled run {row.last_run_id} of {scope.describe()} (seq {seq}); no worker "
         f"resumes it: `loomflow sessions resume {scope.session_id} --agent module:factory` "
@@ -729,107 +676,21 @@ async def _cancel(args: argparse.Namespace, runtime: Runtime, out: Console) -> i
 
 async def _resume(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
     from loomflow.runtime import Scope
-    from loomflow.runtime.base import abandoned
 
-    row = await _session(runtime, args)
-    scope = Scope(row.session_id, row.user_id)
-    if row.status == "running" and row.last_run_id and not abandoned(row, runtime.lease_seconds):
-        raise Refused(
-            f"run {row.last_run_id} of {scope.describe()} is running (its last event "
-            f"{timestamp(row.updated_at)}): cancel it first (`loomflow sessions cancel "
-            f"{scope.session_id}`), or let it end"
-        )
-    async with _hosting(args, row, runtime) as agent:
-        return await _ran(
-            out,
-            scope,
-            agent.resume(args.prompt, session_id=scope.session_id, user_id=scope.user_id),
-            failed="the run failed",
-        )
+    scope = Scope(args.session, args.user)
+    return _ran(out, scope, await verbs.resume(runtime, scope, args.agent, args.prompt))
 
 
 async def _retry(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
-    import os
-    import socket
-
     from loomflow.runtime import Scope
 
-    row = await _session(runtime, args)
-    scope = Scope(row.session_id, row.user_id)
-    if row.status != "stuck":
-        raise Refused(
-            f"{scope.describe()} is not stuck (it is {status(row)}): retry takes over a run "
-            f"a worker parked; `loomflow sessions resume {scope.session_id}` continues others"
-        )
-    async with _hosting(args, row, runtime) as agent:
-        return await _ran(
-            out,
-            scope,
-            agent.take_over(
-                scope.session_id,
-                user_id=scope.user_id,
-                after_seq=row.last_seq,  # another retry or resume first: RunTakenError
-                worker=f"loomflow sessions retry@{socket.gethostname()}:{os.getpid()}",
-                last_attempt=True,  # a failure parks it again, for a person
-            ),
-            failed="the retry failed (as a last attempt: it parks the run again)",
-        )
+    scope = Scope(args.session, args.user)
+    result = await verbs.retry(runtime, scope, args.agent, by="loomflow sessions retry")
+    return _ran(out, scope, result)
 
 
-@asynccontextmanager
-async def _hosting(
-    args: argparse.Namespace, row: SessionRecord, runtime: Runtime
-) -> AsyncIterator[Agent]:
-    """The Agent of ``args.agent`` (module:factory, loaded as `loomflow worker` loads it)
-    that the session's run names, running on the command's ``runtime`` with the run
-    options of the runtime the factory gave it (retention, serializer, lease, retry), as
-    the run would have had in its program. What the factory made is closed after."""
-    from loomflow.agent.agent import DEFAULT_AGENT_NAME
-    from loomflow.cli.worker import load_agents
-
-    try:
-        agents = load_agents(args.agent)
-    except (ValueError, TypeError) as exc:
-        raise Refused(str(exc), 2) from None
-    theirs = {id(a.runtime): a.runtime for a in agents}
-    try:
-        named = {a.name: a for a in agents}
-        wanted = row.agent or (agents[0].name if len(agents) == 1 else DEFAULT_AGENT_NAME)
-        agent = named.get(wanted)
-        if agent is None:
-            raise Refused(
-                f"the run of session {row.session_id} belongs to agent {wanted!r}, which "
-                f"{args.agent} does not give (it gives {', '.join(sorted(named))})"
-            )
-        own = agent.runtime
-        runtime.max_checkpoints_per_session = own.max_checkpoints_per_session
-        runtime.serializer = own.serializer
-        runtime.lease_seconds = own.lease_seconds
-        runtime.retry_seconds = own.retry_seconds
-        agent.runtime = runtime
-        yield agent
-    finally:
-        for each in agents:
-            await each.aclose()
-        for made in theirs.values():
-            if made is not runtime:
-                await made.close()
-
-
-async def _ran(out: Console, scope: Scope, run: Awaitable[RunResult], *, failed: str) -> int:
-    """Await the run; print what became of it (its output on the lines after), or raise
-    Refused (exit code 1) saying why it did not run or how it failed."""
-    from loomflow.errors import RunCancelledError, RunOptionsError, RunTakenError
-
-    try:
-        result = await run
-    except (RunOptionsError, RunTakenError, RunCancelledError) as exc:
-        raise Refused(str(exc)) from None
-    except Exception as exc:
-        raise Refused(
-            f"{failed}: {type(exc).__name__}: {exc}; see `loomflow sessions show "
-            f"{scope.session_id}`"
-        ) from None
+def _ran(out: Console, scope: Scope, result: RunResult) -> int:
+    """Print what became of the run (its output on the lines after)."""
     calls = count(result.model_calls, "model call")
     if result.waiting_for is not None:
         out.print(

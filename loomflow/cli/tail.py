@@ -11,16 +11,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
 from loomflow.cli.render import iso, who
-from loomflow.cli.stores import Source, quiet_kafka
+from loomflow.control.source import Source, quiet_kafka
+from loomflow.log.describe import describe, event_types
 
 if TYPE_CHECKING:
     from loomflow.log.reader import LogRecord
-    from loomflow.schemas import Event
 
 NAMES = ("tail",)
 
 #: characters of a message shown on an event's line
-_PREVIEW = 80
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -62,16 +61,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="print the whole log as it is now, then exit (kcat's -e)",
     )
     tail.set_defaults(handler=_tail)
-
-
-def event_types() -> tuple[str, ...]:
-    """The type of every event of the log, in alphabetical order."""
-    from typing import get_args
-
-    from loomflow.schemas import Event
-
-    union = get_args(Event)[0]
-    return tuple(sorted(kind.model_fields["type"].default for kind in get_args(union)))
 
 
 def _event_type(text: str) -> str:
@@ -272,73 +261,3 @@ def _fitted(at: str, session: str, user: str, what: str, detail: str, width: int
     if len(detail) > room:
         detail = detail[: room - 1] + "…" if room > 1 else ""
     return line(session, user, detail)
-
-
-def describe(event: Event) -> str:
-    """What an event says, in a few words."""
-    import orjson
-
-    from loomflow.schemas import (
-        CheckpointWritten,
-        RunCancelled,
-        RunFailed,
-        RunFinished,
-        RunStarted,
-        RunWaiting,
-        SessionForked,
-        SignalSent,
-        StepRecorded,
-        TurnAppended,
-    )
-
-    match event:
-        case TurnAppended(payload=p):
-            parts = []
-            for m in p.messages:
-                text = _short(m.content)
-                calls = ", ".join(f"{c.name}({_args(c.arguments)})" for c in m.tool_calls)
-                said = f"{m.role.value}: {text}" if text else m.role.value
-                parts.append(f"{said} -> {calls}" if calls else said)
-            usage = p.usage
-            if p.model_call:
-                parts.append(
-                    f"[{usage.input_tokens} in / {usage.output_tokens} out tokens, "
-                    f"${usage.cost_usd:.4f}]"
-                )
-            return " | ".join(parts)
-        case RunStarted(payload=p):
-            text = p.mode + (f" from {p.from_checkpoint}" if p.from_checkpoint else "")
-            text += f" by worker {p.worker}" if p.worker else ""
-            return text + (f", interrupting run {p.interrupted}" if p.interrupted else "")
-        case RunWaiting(payload=p):
-            until = f" until {p.until:%Y-%m-%d %H:%M:%S} UTC" if p.until else ""
-            return f"for signal {p.signal!r} in a {p.where.replace('_', ' ')}{until}"
-        case SignalSent(payload=p):
-            return f"{p.name}: {_short(orjson.dumps(p.data).decode())}"
-        case RunFinished(payload=p):
-            turns = "1 turn" if p.turns == 1 else f"{p.turns} turns"
-            return (
-                f"{p.stop_reason} after {turns}, {p.usage.total_tokens} tokens, "
-                f"${p.usage.cost_usd:.4f}: {_short(p.output)}"
-            )
-        case RunFailed(payload=p):
-            return ("parked: " if p.parked else "") + f"{p.error_type}: {_short(p.error)}"
-        case RunCancelled(payload=p):
-            return _short(p.reason) if p.reason else "no reason given"
-        case CheckpointWritten(payload=p):
-            return f"{p.checkpoint_id} at turn {p.turn}, {p.message_count} messages"
-        case SessionForked(payload=p):
-            return f"from {p.parent_session_id} at {p.parent_checkpoint_id}"
-        case StepRecorded(payload=p):
-            received = f" (received signal #{p.signal_seq})" if p.signal_seq else ""
-            return p.step_key + received
-    return ""
-
-
-def _short(text: str) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= _PREVIEW else flat[: _PREVIEW - 1] + "…"
-
-
-def _args(arguments: dict[str, Any]) -> str:
-    return _short(", ".join(f"{k}={v!r}" for k, v in arguments.items()))

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import logging
 import os
 import signal
 import sys
-from collections.abc import Iterable
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from loomflow.agent.worker import Budget, Worker
-from loomflow.cli.stores import quiet_kafka
+from loomflow.control.agents import load_agents
+from loomflow.control.source import quiet_kafka
 
 if TYPE_CHECKING:
     from loomflow.agent import Agent
@@ -92,46 +90,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     worker.add_argument("--name", help="this worker's name in the log (default host:pid)")
     worker.set_defaults(handler=_worker)
-
-
-def load_agents(target: str) -> list[Agent]:
-    """The Agents that ``module:factory`` names: the attribute itself, or what calling
-    it returns (one Agent or several). Raises ValueError saying what is wrong."""
-    from loomflow.agent import Agent
-
-    module_name, _, attribute = target.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"{target!r} is not module:factory (e.g. myapp.agents:build)")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = import_module(module_name)
-    except Exception as exc:
-        raise ValueError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
-    try:
-        found: Any = getattr(module, attribute)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attribute!r}") from None
-    if callable(found) and not isinstance(found, Agent):
-        try:
-            found = found()
-        except ValueError:
-            raise  # the factory's own word on what it needs
-        except Exception as exc:
-            raise ValueError(f"calling {target} raised {type(exc).__name__}: {exc}") from exc
-        if inspect.iscoroutine(found):
-            found.close()  # never awaited, on purpose: say so instead of warning
-            raise ValueError(f"{target} is a coroutine function; make it a plain function")
-    wrong = ValueError(f"{target} must give an Agent or a list of Agents, got {found!r}")
-    if isinstance(found, Agent):
-        return [found]
-    if isinstance(found, str | bytes) or not isinstance(found, Iterable):
-        raise wrong
-    agents = list(found)
-    if not agents or any(not isinstance(a, Agent) for a in agents):
-        raise wrong
-    return agents
-    return agents
 
 
 def _worker(args: argparse.Namespace) -> int:

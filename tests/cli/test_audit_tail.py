@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from loomflow.cli import main
-from loomflow.cli.tail import describe
+from loomflow.log.describe import describe
 from loomflow.runtime import SqliteRuntime
 from loomflow.schemas import RunCancelled, RunStarted
 from loomflow.schemas.events import RunCancelledPayload, RunStartedPayload

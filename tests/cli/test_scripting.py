@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from loomflow.cli.render import STATUSES
-from loomflow.cli.tail import event_types
+from loomflow.control.status import STATUSES
+from loomflow.log.describe import event_types
 from tests.support.cli import Cli, Zoo, make_zoo, populate
 from tests.support.readme import README
 

@@ -14,7 +14,7 @@ import asyncpg
 import pytest
 
 from loomflow.cli import main
-from loomflow.cli.stores import Source
+from loomflow.control.source import Source
 from loomflow.runtime import PostgresRuntime, SqliteRuntime
 from loomflow.settings import Settings
 from tests.support.readme import BIN, README, user_env

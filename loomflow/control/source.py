@@ -1,4 +1,5 @@
-"""Where a command's log is, and the one place the commands open it from.
+"""Where a command's log is, and the one place the command line and the web console
+open it from.
 
 A :class:`Source` is built once from a command's arguments: ``--db PATH`` names an
 embedded log (the SQLite file a ``SqliteRuntime`` writes, its read model in the same
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from loomflow.cli.options import Refused
+from loomflow.control.refused import Refused
 
 if TYPE_CHECKING:
     from loomflow.analytics.tally import Stats

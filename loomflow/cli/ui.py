@@ -1,0 +1,173 @@
+"""``loomflow ui``: the web console over a store (the ``[ui]`` extra).
+
+It opens the store as every other command does (``--db``, or the ``LOOMFLOW_*``
+settings with ``--dsn`` and ``--schema`` over theirs) and serves the console with
+uvicorn on ``LOOMFLOW_UI_HOST``:``LOOMFLOW_UI_PORT`` (127.0.0.1:8765). Beyond the
+loopback it asks for a token (``LOOMFLOW_UI_TOKEN``, or one it makes): the one-time
+login link it prints sets it in the browser.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from loomflow.cli.options import id_of
+
+__all__ = ["NAMES", "add_parser"]
+
+NAMES = ("ui",)
+
+
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ui = commands.add_parser(
+        "ui",
+        help="the web console: sessions, transcripts, fork trees, live runs",
+        description="Serve the web console over a store: the session list with filters, a "
+        "session's transcript, runs, checkpoints and fork tree, live events, the tail of "
+        "the log, analytics, and the actions (fork, signal, cancel, retry, erase) through "
+        "the same code as the commands. Listens on LOOMFLOW_UI_HOST:LOOMFLOW_UI_PORT "
+        "(default 127.0.0.1:8765); beyond the loopback every request needs a token "
+        "(LOOMFLOW_UI_TOKEN, or one made at start), which the printed one-time login link "
+        "sets in the browser. Ctrl-C stops.",
+    )
+    which = ui.add_mutually_exclusive_group()
+    which.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file of a SqliteRuntime")
+    which.add_argument(
+        "--dsn",
+        metavar="URL",
+        help="postgresql:// URL of the read model (default, without --db: LOOMFLOW_POSTGRES_DSN)",
+    )
+    ui.add_argument("--schema", metavar="NAME", help="its PostgreSQL schema")
+    ui.add_argument("--host", help="the address to listen on (default: LOOMFLOW_UI_HOST)")
+    ui.add_argument(
+        "--port", type=int, help="the port (default: LOOMFLOW_UI_PORT; 0: any free one)"
+    )
+    ui.add_argument(
+        "--user",
+        type=id_of("user id"),
+        metavar="U",
+        help="show only this user's sessions: every page and the API are scoped to U, and "
+        "another user's ids read as unknown (default: every user's)",
+    )
+    ui.add_argument(
+        "--read-only",
+        action="store_true",
+        help="no actions: fork, signal, cancel, retry and erase are off",
+    )
+    ui.add_argument(
+        "--agent",
+        metavar="module:factory",
+        help="what gives the Agents a retry runs (as for `loomflow worker`); without it "
+        "the console does not retry stuck runs",
+    )
+    ui.set_defaults(handler=_ui)
+
+
+def _ui(args: argparse.Namespace) -> int:
+    from loomflow.control.refused import Refused
+    from loomflow.control.source import Source, quiet_kafka, read_settings
+
+    settings = read_settings()
+    if settings is None:
+        return 2
+    try:
+        source = Source.of(args.db, dsn=args.dsn, schema=args.schema)
+    except Refused as exc:
+        print(f"loomflow ui: {exc}", file=sys.stderr)
+        return exc.code
+    if source is None:
+        return 2
+    quiet_kafka()
+    return asyncio.run(_serve(args, source, settings))
+
+
+async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
+    import uvicorn
+
+    from loomflow.runtime import ANY_USER
+    from loomflow.ui.app import create_app
+    from loomflow.ui.backend import ConsoleConfig
+    from loomflow.ui.guard import Guard, is_loopback
+
+    host = args.host or settings.ui_host
+    port = settings.ui_port if args.port is None else args.port
+    loopback = is_loopback(host)
+    token = settings.ui_token.get_secret_value() if settings.ui_token is not None else None
+    if token is None and not loopback:
+        token = secrets.token_urlsafe(32)
+    try:
+        sock = _bound(host, port)
+    except OSError as exc:
+        print(
+            f"loomflow ui: cannot listen on {host}:{port}: {exc.strerror or exc}", file=sys.stderr
+        )
+        return 1
+    port = sock.getsockname()[1]
+    config = ConsoleConfig(
+        source=source,
+        user=ANY_USER if args.user is None else args.user,
+        read_only=args.read_only,
+        token=token,
+        agent=args.agent,
+        host=host,
+        port=port,
+    )
+    guard = Guard(token, loopback=loopback)
+    app = create_app(config, guard)
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
+    )
+    started = asyncio.Event()
+    startup = server.startup
+
+    async def announced(sockets: Any = None) -> None:  # uvicorn has no started callback
+        await startup(sockets=sockets)
+        started.set()
+
+    server.startup = announced  # type: ignore[method-assign]
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    waiting = asyncio.create_task(started.wait())
+    await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    if not started.is_set():
+        waiting.cancel()
+        return 1
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{port}/"
+    what = f"SQLite {source.db}" if source.db is not None else "the PostgreSQL read model"
+    print(f"loomflow console on {url} ({what}); Ctrl-C stops", file=sys.stderr, flush=True)
+    if token is not None:
+        print(
+            f"open {url}login?code={guard.login_code()} to sign in (the link works once); "
+            "tools send Authorization: Bearer $LOOMFLOW_UI_TOKEN",
+            file=sys.stderr,
+            flush=True,
+        )
+        if settings.ui_token is None:
+            print(
+                "the token was made for this run: set LOOMFLOW_UI_TOKEN to give tools one",
+                file=sys.stderr,
+                flush=True,
+            )
+    await serving
+    return 0
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port``, so that the port is known (``0``: a free
+    one) before the console says where it is."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    return sock
