@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import secrets
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -131,6 +133,14 @@ async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
         started.set()
 
     server.startup = announced  # type: ignore[method-assign]
+    # Ctrl-C and SIGTERM stop it as they stop every command: the server shuts down (its
+    # live streams told so, through handle_exit), and the command exits 0. uvicorn's own
+    # handlers would raise the signal again once it stopped (a KeyboardInterrupt
+    # traceback, exit 130).
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign,assignment]
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, server.handle_exit, signum, None)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     waiting = asyncio.create_task(started.wait())
     await asyncio.wait({serving, waiting}, return_when=asyncio.FIRST_COMPLETED)
