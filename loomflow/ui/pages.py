@@ -9,6 +9,7 @@ same page with what went wrong and what was typed (nothing lost, nothing done).
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Form, Query, Request
@@ -75,8 +76,13 @@ async def sessions(
     cursor: str | None = None,
     limit: int = views.PAGE,
 ) -> Response:
+    # the form's empty user field means every user's sessions (in the API, "" names the
+    # sessions run without a user)
+    user = user or None
     filters = views.Filters.of(user=user, status=status or [], since=since, agent=agent)
     backend = _backend(request)
+    # before the rows are read: the live stream sends each row that changed since
+    shown = datetime.now(UTC)
     listing = await views.sessions_page(
         await backend.store(),
         filters,
@@ -92,6 +98,11 @@ async def sessions(
             "filters": filters,
             "raw": {"user": user or "", "since": since or "", "agent": agent or ""},
             "statuses": STATUSES,
+            # new and changed rows come live to the first page only (a later one is a
+            # page of older sessions, after its cursor)
+            "first_page": not cursor,
+            "live_query": {**filters.query(), "shown": shown.isoformat()},
+            "erased": request.query_params.get("erased") == "1",
             "next_query": {**filters.query(), "cursor": listing.next_cursor, "limit": limit}
             if listing.next_cursor
             else None,
