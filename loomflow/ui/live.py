@@ -52,6 +52,7 @@ async def session(
     async def stream() -> AsyncIterator[ServerSentEvent]:
         last = max(0, after)
         shown: tuple[Any, ...] | None = None
+        names: dict[str, str] = {}
         said_down = False
         while not await request.is_disconnected():
             try:
@@ -71,6 +72,8 @@ async def session(
             for event in events:
                 last = max(last, event.seq)
                 yield _sse("event", _fragment("_event_row.html", e=views.event_item(event)))
+                for name, html in _transcript(event, names):
+                    yield _sse(name, html)
             if row is not None:
                 state = (status_of(row), row.last_seq, row.updated_at, row.usage)
                 if state != shown:
@@ -83,6 +86,20 @@ async def session(
     return EventSourceResponse(stream(), ping=15)
 
 
+def _transcript(event: Any, names: dict[str, str]) -> list[tuple[str, str]]:
+    """What ``event`` changes in the page's transcript: the messages a turn appended
+    ("message", each a new item), or the whole transcript a compaction left
+    ("transcript"); ``names`` learns the tool each call id names, for its result."""
+    if event.type not in ("turn.appended", "transcript.compacted"):
+        return []
+    messages = event.payload.messages
+    for message in messages:
+        names.update({call.id: call.name for call in message.tool_calls})
+    if event.type == "transcript.compacted":
+        return [("transcript", _fragment("_transcript.html", messages=messages, names=names))]
+    return [("message", _fragment("_message.html", m=m, names=names)) for m in messages]
+
+
 @router.get("/sessions")
 async def sessions(
     request: Request,
@@ -90,9 +107,11 @@ async def sessions(
     status: Annotated[list[str] | None, Query()] = None,
     since: str | None = None,
     agent: str | None = None,
+    shown: datetime | None = None,
 ) -> EventSourceResponse:
-    """The rows of the list's sessions that changed since the stream began (their new
-    status, turns and cost), new sessions first, under the list's filters."""
+    """The rows of the list's sessions that changed since the page was drawn at
+    ``shown`` (else since the stream began): their new status, turns and cost, new
+    sessions first, under the list's filters."""
     filters = views.Filters.of(user=user, status=status or [], since=since, agent=agent)
     backend: Backend = request.app.state.backend
     poll = backend.config.poll_seconds
@@ -100,7 +119,10 @@ async def sessions(
     failing: tuple[type[BaseException], ...] = (StoreDown, *backend.down)
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
-        seen: datetime | None = None
+        seen: datetime | None = shown
+        # what each row showed when last sent: a row the listing gives again (it lists
+        # from the newest time seen on, that time included) is sent only when it changed
+        sent: dict[tuple[str | None, str], tuple[Any, ...]] = {}
         while not await request.is_disconnected():
             try:
                 store = await backend.store()
@@ -118,8 +140,13 @@ async def sessions(
                 await asyncio.sleep(poll * 4)
                 continue
             rows = listing.sessions
-            if seen is not None:
-                for item in reversed(rows):
+            for item in reversed(rows):
+                key = (item.user_id, item.session_id)
+                state = (item.status, item.updated_at, item.turns, item.usage, item.waiting_for)
+                if sent.get(key) == state:
+                    continue
+                sent[key] = state
+                if seen is not None:
                     yield _sse("row", _fragment("_session_row.html", s=item))
             if rows:
                 seen = max(seen or rows[0].updated_at, rows[0].updated_at)
@@ -168,6 +195,8 @@ async def tail(
         reader = source.reader(start="end")
         try:
             await reader.open()
+            # from here on every record appended is shown: the page says it follows
+            yield ServerSentEvent(data="{}", event="following")
             while not await request.is_disconnected():
                 for record in await reader.read(wait=config.poll_seconds):
                     event = record.event
