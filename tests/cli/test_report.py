@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import orjson
 import pytest
 from PIL import Image
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from loomflow.cli import main
 from loomflow.runtime import SqliteRuntime, SqliteStore
@@ -37,6 +37,7 @@ from loomflow.schemas import (
     Usage,
 )
 from tests.support.analytics import record_runs
+from tests.support.browser import launched
 
 T = TypeVar("T")
 
@@ -49,33 +50,12 @@ CHARTS = (
     "cost-per-user",
     "tokens-per-user",
 )
-CHROMIUM_FLAGS = [
-    "--no-sandbox",  # CI runs as root
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    # no calls home: the machine has no network, and the page must need none
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        pytest.fail("Chromium is not installed: run dev/chromium.sh (Debian's chromium package)")
-    return found
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=_chromium(), args=CHROMIUM_FLAGS)
-        try:
-            yield launched
-        finally:
-            launched.close()
+    with launched() as chromium:
+        yield chromium
 
 
 def _earlier_hours(start: datetime, hours: int) -> list[Event]:
