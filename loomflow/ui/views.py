@@ -178,8 +178,10 @@ class RunItem(BaseModel):
     mode: str
     agent: str | None
     model: str | None
-    #: who ran it: the worker that took it over, or None for the caller's own process
+    #: who ran it: the worker that took it over (None for a caller's run), and the
+    #: process (host:pid) that claimed the session for it (None in older events)
     worker: str | None
+    process: str | None = None
     started_at: datetime
     first_seq: int
     last_seq: int
@@ -424,6 +426,7 @@ def runs_of(events: Sequence[Event]) -> list[RunItem]:
                 "agent": payload.agent,
                 "model": payload.model,
                 "worker": payload.worker,
+                "process": payload.process,
                 "started_at": event.at,
                 "first_seq": event.seq,
                 "last_seq": event.seq,
