@@ -115,7 +115,9 @@ async def _session_page(
     scope = scope_of(request, session_id, user)
     backend = _backend(request)
     runtime = await backend.runtime()
-    detail = await views.session_detail(runtime, scope, await backend.store())
+    detail = await views.session_detail(
+        runtime, scope, await backend.store(), await backend.trail()
+    )
     done = request.query_params.get("done")
     retries: dict[str, str] = request.app.state.__dict__.setdefault("retries", {})
     return page(
