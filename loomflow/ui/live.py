@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -100,7 +100,8 @@ async def sessions(
     failing: tuple[type[BaseException], ...] = (StoreDown, *backend.down)
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
-        seen: datetime | None = None
+        seen: datetime | None = None  # the newest last activity sent (or read at first)
+        sent: dict[tuple[str | None, str], datetime] = {}
         while not await request.is_disconnected():
             try:
                 store = await backend.store()
@@ -118,13 +119,17 @@ async def sessions(
                 await asyncio.sleep(poll * 4)
                 continue
             rows = listing.sessions
-            if seen is not None:
-                for item in reversed(rows):
+            for item in reversed(rows):
+                key = (item.user_id, item.session_id)
+                if seen is not None and sent.get(key) != item.updated_at:
                     yield _sse("row", _fragment("_session_row.html", s=item))
+                sent[key] = item.updated_at
             if rows:
                 seen = max(seen or rows[0].updated_at, rows[0].updated_at)
+                # what is older than the newest sent is never read again
+                sent = {k: at for k, at in sent.items() if at >= seen}
             elif seen is None:
-                seen = datetime.now().astimezone()
+                seen = datetime.now(UTC)
             await asyncio.sleep(poll)
 
     return EventSourceResponse(stream(), ping=15)
