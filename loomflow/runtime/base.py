@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -54,6 +56,9 @@ if TYPE_CHECKING:
     from loomflow.settings import Settings
 
 __all__ = ["RestoredState", "Runtime", "abandoned"]
+
+#: this machine's name, in the ``process`` (host:pid) each run.started records
+_HOST = socket.gethostname()
 
 
 def abandoned(row: SessionRecord, default_lease: float = DEFAULT_LEASE_SECONDS) -> bool:
@@ -239,6 +244,7 @@ class Runtime(Resource):
                 agent=agent,
                 lease_seconds=self.lease_seconds,
                 worker=worker,
+                process=f"{_HOST}:{os.getpid()}",
                 # a run still in flight ends with this claim: its writer is fenced
                 interrupted=row.last_run_id
                 if row is not None and row.status == "running"

@@ -137,6 +137,9 @@ class RunStartedPayload(BaseModel):
     lease_seconds: float | None = _optional(gt=0, allow_inf_nan=False)
     #: the worker that took the run over (``loomflow worker``), None for a caller's run
     worker: str | None = _optional()
+    #: the process that claimed the session for the run, ``host:pid`` (None in events
+    #: from before it was kept): who ran it, read by the console and the audit
+    process: str | None = _optional(max_length=300)
     #: the run that was still running when this one claimed the session (a crashed or
     #: abandoned run, or a live one another resume took the session from): it ends here,
     #: fenced, and this event is the record of its end

@@ -65,6 +65,8 @@ async def _make(store: EventStore) -> list[_Made]:
     session id held by two users; failed, finished and running sessions of two agents; a
     fork."""
     made: list[_Made] = []
+    # in two appends, so the rows are written, then changed (usage, status)
+    first: list[Event] = []
     events: list[Event] = []
     specs = [(_USERS[i % 3], f"s{i:02d}") for i in range(20)]
     specs += [("ada", "twin"), ("bob", "twin")]
@@ -72,14 +74,14 @@ async def _make(store: EventStore) -> list[_Made]:
         moment = _BASE - timedelta(seconds=i // 5 * 60, microseconds=i // 5)
         log = SessionLog(session_id, user, at=moment)
         agent = "alpha" if i % 2 else "beta"
-        usage = _usage(i)
-        events += [log.claim(agent=agent), log.turn("q"), log.turn("a", usage=usage)]
+        first += [log.claim(agent=agent), log.turn("q", usage=Usage(input_tokens=1))]
+        events.append(log.turn("a", usage=_usage(i)))
         status = ("running", "failed", "finished", "running")[i % 4]
         if status == "failed":
             events.append(log.fail())
         elif status == "finished":
             events.append(log.finish())
-        made.append(_Made(user, session_id, moment, status, agent, None, usage))
+        made.append(_Made(user, session_id, moment, status, agent, None, log.usage))
     # a fork of ada's s01, last active in the newest group's moment
     parent = SessionLog("s01", "ada", at=_BASE)
     fork = SessionLog("fork1", "ada", at=_BASE)
@@ -88,6 +90,7 @@ async def _make(store: EventStore) -> list[_Made]:
     made.append(_Made("ada", "fork1", _BASE, "running", None, "s01", _usage(1)))
     gone = SessionLog("gone", "bob", at=_BASE + timedelta(hours=1))
     events += [gone.claim(agent="alpha"), gone.turn("a", usage=_usage(7))]
+    await commit(store, first)
     await commit(store, events)
     assert await store.erase("gone", user_id="bob")  # newest of all, and never listed
     for m in made:  # the rows say what the suite made, or the rest proves nothing

@@ -100,7 +100,9 @@ async def session(
     wait and inbox."""
     scope = scope_of(request, session_id, user)
     backend = _backend(request)
-    return await views.session_detail(await backend.runtime(), scope, await backend.store())
+    return await views.session_detail(
+        await backend.runtime(), scope, await backend.store(), await backend.trail()
+    )
 
 
 @router.get("/sessions/{session_id}/events")

@@ -21,6 +21,7 @@ from loomflow.runtime import ANY_USER
 
 if TYPE_CHECKING:
     from loomflow.control.source import Source
+    from loomflow.projections.audit import Trail
     from loomflow.runtime import DatabaseStore, Runtime
 
 __all__ = ["Backend", "ConsoleConfig", "StoreDown"]
@@ -80,6 +81,7 @@ class Backend:
         self.config = config
         self._reading: tuple[AsyncExitStack, Runtime] | None = None
         self._writing: tuple[AsyncExitStack, Runtime] | None = None
+        self._trail: Trail | None = None
         self._lock = asyncio.Lock()
         self.down = _down_errors()
 
@@ -115,6 +117,25 @@ class Backend:
                 self._writing = await self._open("kafka" if fed else "write")
             return self._writing[1]
 
+    async def trail(self) -> Trail | None:
+        """The audit trail of the log, open; None when there is none yet (an embedded
+        log nobody audited). StoreDown when it does not answer."""
+        from loomflow.errors import StoreError
+
+        async with self._lock:
+            if self._trail is None:
+                trail = self.config.source.trail(create=False)
+                try:
+                    await trail.open()
+                except StoreError:
+                    await trail.close()
+                    return None
+                except self.down as exc:
+                    await trail.close()
+                    raise StoreDown(_said(exc)) from None
+                self._trail = trail
+            return self._trail
+
     async def _open(self, access: Any) -> tuple[AsyncExitStack, Runtime]:
         stack = AsyncExitStack()
         try:
@@ -136,7 +157,11 @@ class Backend:
         """Drop the open runtimes (the store went down): the next request opens them."""
         async with self._lock:
             held = [h for h in (self._reading, self._writing) if h is not None]
+            trail, self._trail = self._trail, None
             self._reading = self._writing = None
+        if trail is not None:
+            with contextlib.suppress(Exception):
+                await trail.close()
         for stack, _ in held:
             with contextlib.suppress(Exception):  # closing what is down says nothing new
                 await stack.aclose()

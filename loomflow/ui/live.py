@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 import orjson
@@ -21,9 +21,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from loomflow.control.status import status as status_of
 from loomflow.ui import views
-from loomflow.ui.app import templates
 from loomflow.ui.backend import Backend, StoreDown
 from loomflow.ui.pages import scope_of, session_url
+from loomflow.ui.render import templates
 
 __all__ = ["router"]
 
@@ -119,10 +119,10 @@ async def sessions(
     failing: tuple[type[BaseException], ...] = (StoreDown, *backend.down)
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
+        # the newest last activity sent (or read at first); from the page's drawing on,
+        # so that what changed before the stream began is sent too
         seen: datetime | None = shown
-        # what each row showed when last sent: a row the listing gives again (it lists
-        # from the newest time seen on, that time included) is sent only when it changed
-        sent: dict[tuple[str | None, str], tuple[Any, ...]] = {}
+        sent: dict[tuple[str | None, str], datetime] = {}
         while not await request.is_disconnected():
             try:
                 store = await backend.store()
@@ -142,16 +142,15 @@ async def sessions(
             rows = listing.sessions
             for item in reversed(rows):
                 key = (item.user_id, item.session_id)
-                state = (item.status, item.updated_at, item.turns, item.usage, item.waiting_for)
-                if sent.get(key) == state:
-                    continue
-                sent[key] = state
-                if seen is not None:
+                if seen is not None and sent.get(key) != item.updated_at:
                     yield _sse("row", _fragment("_session_row.html", s=item))
+                sent[key] = item.updated_at
             if rows:
                 seen = max(seen or rows[0].updated_at, rows[0].updated_at)
+                # what is older than the newest sent is never read again
+                sent = {k: at for k, at in sent.items() if at >= seen}
             elif seen is None:
-                seen = datetime.now().astimezone()
+                seen = datetime.now(UTC)
             await asyncio.sleep(poll)
 
     return EventSourceResponse(stream(), ping=15)

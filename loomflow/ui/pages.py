@@ -19,8 +19,8 @@ from loomflow.control import verbs
 from loomflow.control.refused import Missing, Refused
 from loomflow.control.status import STATUSES
 from loomflow.ui import views
-from loomflow.ui.app import page
 from loomflow.ui.backend import Backend, ConsoleConfig
+from loomflow.ui.render import page
 
 __all__ = ["router", "scope_of"]
 
@@ -126,7 +126,9 @@ async def _session_page(
     scope = scope_of(request, session_id, user)
     backend = _backend(request)
     runtime = await backend.runtime()
-    detail = await views.session_detail(runtime, scope, await backend.store())
+    detail = await views.session_detail(
+        runtime, scope, await backend.store(), await backend.trail()
+    )
     done = request.query_params.get("done")
     retries: dict[str, str] = request.app.state.__dict__.setdefault("retries", {})
     return page(

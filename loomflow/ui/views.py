@@ -11,7 +11,7 @@ and inbox. Every string in them is data: templates escape it, the API serialises
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +25,14 @@ from loomflow.log.describe import describe
 from loomflow.schemas import Message, Usage
 
 if TYPE_CHECKING:
+    from loomflow.projections.audit import Trail
     from loomflow.projections.fold import CheckpointRow
     from loomflow.runtime import DatabaseStore, Runtime, Scope
     from loomflow.schemas.events import Event
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "AuditView",
     "CheckpointItem",
     "EventItem",
     "Filters",
@@ -178,8 +180,10 @@ class RunItem(BaseModel):
     mode: str
     agent: str | None
     model: str | None
-    #: who ran it: the worker that took it over, or None for the caller's own process
+    #: who ran it: the worker that took it over (None for a caller's run), and the
+    #: process (host:pid) that claimed the session for it (None in older events)
     worker: str | None
+    process: str | None = None
     started_at: datetime
     first_seq: int
     last_seq: int
@@ -213,6 +217,17 @@ class ForkNode(BaseModel):
     more: int = 0
 
 
+class AuditView(BaseModel):
+    """The session against the audit trail (``loomflow.audit.status``): ``state`` is
+    verified, pending, unaudited, mismatch, or none (the log has no trail yet)."""
+
+    model_config = _FROZEN
+    state: str
+    entries: int = 0
+    pending: int = 0
+    problems: list[str] = Field(default_factory=list)
+
+
 class SessionDetail(BaseModel):
     """Everything the session page shows."""
 
@@ -226,6 +241,7 @@ class SessionDetail(BaseModel):
     tree: ForkNode
     waiting: dict[str, Any] | None
     inbox: list[dict[str, Any]]
+    audit: AuditView
 
 
 def session_item(row: SessionRecord) -> SessionItem:
@@ -337,8 +353,13 @@ def _stored(statuses: Sequence[str]) -> list[str] | None:
     return sorted(s for s in stored if s is not None)
 
 
-async def session_detail(runtime: Runtime, scope: Scope, store: DatabaseStore) -> SessionDetail:
-    """The session page's data; Refused (404) for a session the console does not show."""
+async def session_detail(
+    runtime: Runtime, scope: Scope, store: DatabaseStore, trail: Trail | None = None
+) -> SessionDetail:
+    """The session page's data, with its audit state against ``trail`` (None: the log
+    has none); Refused (404) for a session the console does not show."""
+    from loomflow.audit.status import session_audit
+
     row = await verbs.session(runtime, scope)
     restored = await runtime.restore(scope)
     transcript = [] if restored is None else list(restored.messages)
@@ -362,6 +383,11 @@ async def session_detail(runtime: Runtime, scope: Scope, store: DatabaseStore) -
             "where": row.waiting.where,
         },
         inbox=[{"seq": s.seq, "name": s.name, "at": s.at} for s in row.inbox],
+        audit=AuditView(state="none")
+        if trail is None
+        else AuditView(
+            **asdict(session_audit(events, await trail.entries(scope.user_id, scope.session_id)))
+        ),
     )
 
 
@@ -424,6 +450,7 @@ def runs_of(events: Sequence[Event]) -> list[RunItem]:
                 "agent": payload.agent,
                 "model": payload.model,
                 "worker": payload.worker,
+                "process": payload.process,
                 "started_at": event.at,
                 "first_seq": event.seq,
                 "last_seq": event.seq,

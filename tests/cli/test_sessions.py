@@ -7,6 +7,7 @@ import asyncio
 import io
 import os
 import re
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -495,6 +496,8 @@ def test_retry_takes_a_stuck_run_over_once_and_resume_continues_it_with_a_prompt
     assert isinstance(events, list)
     (took,) = [e for e in events if isinstance(e, RunStarted) and e.run_id in head]
     assert str(took.payload.worker).startswith("loomflow sessions retry@")
+    # and the process that ran it (this one: the command runs in the test's process)
+    assert took.payload.process == f"{socket.gethostname()}:{os.getpid()}"
     ran = cli(*retry, f"{LIFECYCLE}:researcher")
     assert ran.code == 1 and "session oslo (no user) is not stuck (it is finished)" in ran.err
 

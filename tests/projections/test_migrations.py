@@ -194,7 +194,7 @@ async def test_a_journal_written_before_the_scheme_opens_and_keeps_working(
         for scope in (Scope("s1"), Scope("s2", "alice"), Scope("s3")):
             row = await store.session(scope)
             assert row is not None and row.status == "finished", scope
-    assert _version(db, JOURNAL) == JOURNAL.version == 4
+    assert _version(db, JOURNAL) == JOURNAL.version == 5
 
 
 def _indexes(path: Path) -> set[str]:
@@ -205,14 +205,14 @@ def _indexes(path: Path) -> set[str]:
         return {name for (name,) in rows if not name.startswith("sqlite_")}
 
 
-async def test_a_journal_at_version_3_gets_the_listing_indexes_and_pages_its_sessions(
+async def test_a_journal_at_version_3_gets_the_listing_indexes_and_usage_columns(
     tmp_path: Path,
 ) -> None:
     db = _restore("journal-v3.sql", tmp_path / "journal.db")
     assert _version(db, JOURNAL) == 3
     assert {"loomflow_sessions_updated", "loomflow_sessions_user_updated"} <= _indexes(db)
-    await _run(db, "s3", "alice")  # opened at version 4 from here on
-    assert _version(db, JOURNAL) == 4
+    await _run(db, "s3", "alice")  # opened at the version of this code from here on
+    assert _version(db, JOURNAL) == JOURNAL.version
     indexes = _indexes(db)
     assert {"loomflow_sessions_listing", "loomflow_sessions_user_listing"} <= indexes
     assert not {"loomflow_sessions_updated", "loomflow_sessions_user_updated"} & indexes
@@ -230,8 +230,11 @@ async def test_a_journal_at_version_3_gets_the_listing_indexes_and_pages_its_ses
         alice = await store.list_sessions(user_id="alice", after=SessionCursor.of(everyone[0]))
         assert alice == everyone[1:2]
         totals = await store.session_totals(user_id=ANY_USER)
+        # the usage columns of the rows written before them were filled from their JSON
         summed = everyone[0].usage + everyone[1].usage + everyone[2].usage
         assert totals.sessions == 3 and totals.usage == summed and summed.input_tokens > 0
+        old = await store.session_totals(user_id=None)
+        assert old.usage == everyone[2].usage and old.usage.cost_usd > 0
 
 
 def test_a_trail_written_before_it_had_versions_verifies_then_migrates_and_goes_on(

@@ -15,7 +15,6 @@ from loomflow.projections.apply import Seq
 from loomflow.projections.fold import TRANSCRIPT_TYPES, CheckpointRow, StepRow
 from loomflow.projections.rows import (
     SESSION_FIELDS,
-    USAGE_FIELDS,
     checkpoint_from_row,
     decoded_events,
     session_from_row,
@@ -26,6 +25,7 @@ from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
     EVENT_COLUMNS,
     NOTE_COLUMNS,
+    SESSION_USAGE_COLUMNS,
     decode_event_row,
     ts,
 )
@@ -131,11 +131,11 @@ def session_totals(
     agent: str | None = None,
 ) -> SessionTotals:
     """How many sessions ``list_sessions`` selects with these filters, and their usage
-    summed."""
+    summed (from the usage columns, not the JSON: see the journal's step 5)."""
     where, params = _selecting(user_id, any_user, status, since, agent)
     row = conn.execute(
         "SELECT count(*), "
-        + ", ".join(f"coalesce(sum(usage ->> '$.{name}'), 0)" for name in USAGE_FIELDS)
+        + ", ".join(f"coalesce(sum({name}), 0)" for name in SESSION_USAGE_COLUMNS.split(", "))
         + f" FROM loomflow_sessions WHERE {' AND '.join(where)}",
         params,
     ).fetchone()

@@ -27,7 +27,13 @@ from loomflow.projections.fold import (
 )
 from loomflow.projections.rows import control_json, control_parts, stored_user
 from loomflow.projections.sqlite.reads import event_ids_at, load_session
-from loomflow.projections.sqlite.tables import CHECKPOINT_COLUMNS, SESSION_COLUMNS, ts
+from loomflow.projections.sqlite.tables import (
+    CHECKPOINT_COLUMNS,
+    SESSION_COLUMNS,
+    SESSION_USAGE_COLUMNS,
+    ts,
+    usage_values,
+)
 from loomflow.schemas import Event
 from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
@@ -46,12 +52,14 @@ __all__ = [
 ]
 
 
+_SAVED_COLUMNS = f"{SESSION_COLUMNS}, {SESSION_USAGE_COLUMNS}".split(", ")
 _SAVE_SESSION = (
-    f"INSERT INTO loomflow_sessions ({SESSION_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
+    f"INSERT INTO loomflow_sessions ({', '.join(_SAVED_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_SAVED_COLUMNS))}) "
     "ON CONFLICT (user_id, session_id) DO UPDATE SET "
     + ", ".join(
         f"{name} = excluded.{name}"
-        for name in SESSION_COLUMNS.split(", ")
+        for name in _SAVED_COLUMNS
         if name not in ("user_id", "session_id")
     )
 )
@@ -84,6 +92,7 @@ def save_session(
                 ts(row.created_at),
                 ts(row.updated_at),
                 control_json(row),
+                *usage_values(row.usage),
             ),
         )
         return
@@ -95,8 +104,8 @@ def save_session(
             names.append(name)
             values.append(value)
     if row.usage is not before.usage and row.usage != before.usage:
-        names.append("usage")
-        values.append(row.usage.model_dump_json())
+        names += _USAGE_NAMES
+        values += [row.usage.model_dump_json(), *usage_values(row.usage)]
     if row.created_at != before.created_at:
         names.append("created_at")
         values.append(ts(row.created_at))
@@ -111,6 +120,9 @@ def save_session(
             _update_session(tuple(names)), (*values, stored_user(row.user_id), row.session_id)
         )
 
+
+#: the columns a change of usage writes: its JSON, then its numbers
+_USAGE_NAMES = ["usage", *SESSION_USAGE_COLUMNS.split(", ")]
 
 #: the columns stored as they are in the row
 _PLAIN_COLUMNS = (
