@@ -417,7 +417,7 @@ def test_fork_here_lands_on_the_fork_whose_tree_shows_its_parent(
 
 
 def test_erase_a_session_once_its_id_is_typed(console: Console, page: Page, watch: Watch) -> None:
-    parent, user = console.journal.finished
+    parent, _ = console.journal.finished
     page.goto(console.session(console.journal.finished))
     page.locator("button.fork").first.click()
     expect(page.locator("#done")).to_be_visible()
