@@ -202,6 +202,15 @@ def _origin(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def patient() -> Iterator[None]:
+    """Each expectation waits up to WITHIN for what it looks for (a worker starting, a
+    live stream's next look), not playwright's 5 s."""
+    expect.set_options(timeout=WITHIN * 1000)
+    yield
+    expect.set_options(timeout=None)
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with launched() as chromium:
@@ -562,6 +571,9 @@ def test_the_readmes_command_serves_on_port_8765(
     (tmp_path / "journal.db").write_bytes(console.journal.db.read_bytes())
     process, url = start_console(tmp_path, "--db", "journal.db")
     try:
+        assert process.said == [
+            "loomflow console on http://127.0.0.1:8765/ (SQLite journal.db); Ctrl-C stops"
+        ]
         assert url == "http://127.0.0.1:8765/"
         context = browser.new_context()
         watch = Watch("http://127.0.0.1:8765")
