@@ -15,6 +15,12 @@ from tests.support.readme import documented_commands
 from tests.test_readme_consumers import BIN, _env, _per_run, _shape
 
 
+def _start(argv: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as answer:
         return answer.status, answer.read().decode()
@@ -24,14 +30,7 @@ async def test_loomflow_ui_starts_as_the_readme_starts_it(tmp_path: Path) -> Non
     await _per_run(tmp_path)
     ((command, shown),) = documented_commands("loomflow ui --db journal.db")
     assert command == ["loomflow", "ui", "--db", "journal.db"]
-    console = subprocess.Popen(
-        [str(BIN / command[0]), *command[1:]],
-        cwd=tmp_path,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    console = _start([str(BIN / command[0]), *command[1:]], tmp_path)
     try:
         assert console.stderr is not None
         said = await asyncio.wait_for(asyncio.to_thread(console.stderr.readline), 30)
