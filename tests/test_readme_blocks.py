@@ -70,6 +70,9 @@ RUN_BY: dict[tuple[str, str], str] = {
         "tests/cli/test_stats.py::"
         "test_the_analytics_app_on_kafka_materialises_the_sums_over_the_topic"
     ),
+    ("sh", "loomflow ui --db journal.db"): (
+        "tests/test_readme_console.py::test_loomflow_ui_starts_as_the_readme_starts_it"
+    ),
     ("sh", "loomflow otel --db journal.db"): (
         "tests/test_readme_otel.py::test_loomflow_otel_prints_what_the_readme_shows"
     ),

@@ -86,7 +86,11 @@ def _ui(args: argparse.Namespace) -> int:
     if source is None:
         return 2
     quiet_kafka()
-    return asyncio.run(_serve(args, source, settings))
+    try:
+        return asyncio.run(_serve(args, source, settings))
+    except KeyboardInterrupt:  # uvicorn stopped gracefully on Ctrl-C, then raised it again
+        print("loomflow console stopped", file=sys.stderr)
+        return 0
 
 
 async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
