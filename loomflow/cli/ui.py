@@ -88,7 +88,7 @@ def _ui(args: argparse.Namespace) -> int:
     quiet_kafka()
     try:
         return asyncio.run(_serve(args, source, settings))
-    except KeyboardInterrupt:  # uvicorn stopped gracefully on Ctrl-C, then raised it again
+    except KeyboardInterrupt:  # Ctrl-C while it starts, before its own handlers are set
         print("loomflow console stopped", file=sys.stderr)
         return 0
 
@@ -169,6 +169,7 @@ async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
                 flush=True,
             )
     await serving
+    print("loomflow console stopped", file=sys.stderr)
     return 0
 
 
