@@ -177,7 +177,11 @@ def _bound(host: str, port: int) -> socket.socket:
     """A socket listening on ``host``:``port``, so that the port is known (``0``: a free
     one) before the console says where it is."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto named: asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP
+    # (a connection inherits its listener's 0), and without it a kept-alive connection's
+    # every answer waited ~40 ms (headers and body are two writes: Nagle's algorithm
+    # against the browser's delayed ACK)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))
