@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench mutants
+.PHONY: demo test lint bench mutants screenshots
 
 # The demo is a distribution of its own (examples/demo), installed beside the library: the
 # tests run it and make lint checks it, so every target has it.
@@ -33,3 +33,8 @@ bench: $(STAMP)
 # make mutants FILE=loomflow/projections/fold.py [TESTS="tests/... tests/..."]
 mutants: $(STAMP)
 	$(PY) dev/mutants.py $(FILE) $(TESTS)
+
+# the console's screenshots in docs/ (README), taken of the real pages by their test
+screenshots: $(STAMP)
+	dev/chromium.sh >/dev/null
+	LOOMFLOW_SCREENSHOTS=docs $(PY) -m pytest -q tests/ui/test_browser.py -k screenshots

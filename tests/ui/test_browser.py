@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from PIL import Image
 from playwright.sync_api import Browser, Dialog, Locator, Page, Response, expect
 
 from tests.support.browser import launched
@@ -594,7 +595,10 @@ def test_the_readmes_command_serves_on_port_8765(
 
 def test_the_docs_screenshots_are_the_real_pages(browser: Browser, tmp_path: Path) -> None:
     """docs/console-sessions.png (the list) and docs/console-session.png (a session with
-    its fork tree), from a console over a journal of their own."""
+    its fork tree), from a console over a journal of their own: written into docs/ under
+    ``make screenshots`` (LOOMFLOW_SCREENSHOTS=docs), else beside the test's journal, so
+    that a test run leaves the checkout as it was (ids and times differ each run)."""
+    docs = DOCS if os.environ.get("LOOMFLOW_SCREENSHOTS") == "docs" else tmp_path / "docs"
     # in a thread: playwright's sync API holds an event loop in this one
     with ThreadPoolExecutor(1) as thread:
         journal = thread.submit(make_journal, tmp_path / "journal.db").result()
@@ -606,8 +610,8 @@ def test_the_docs_screenshots_are_the_real_pages(browser: Browser, tmp_path: Pat
         watch.attach(page)
         page.goto(url)
         expect(page.locator("#rows tr[id]")).to_have_count(7)
-        DOCS.mkdir(exist_ok=True)
-        page.screenshot(path=DOCS / "console-sessions.png", full_page=True)
+        docs.mkdir(exist_ok=True)
+        page.screenshot(path=docs / "console-sessions.png", full_page=True)
 
         session, user = journal.finished
         page.goto(f"{url}sessions/{session}?user={user}")
@@ -618,7 +622,7 @@ def test_the_docs_screenshots_are_the_real_pages(browser: Browser, tmp_path: Pat
         assert box is not None
         height = box["y"] + box["height"] + 12
         page.screenshot(
-            path=DOCS / "console-session.png",
+            path=docs / "console-session.png",
             full_page=True,
             clip={"x": 0, "y": 0, "width": 1280, "height": height},
         )
@@ -626,3 +630,6 @@ def test_the_docs_screenshots_are_the_real_pages(browser: Browser, tmp_path: Pat
         watch.check()
     finally:
         assert process.stop() == 0, process.said
+    for name in ("console-sessions.png", "console-session.png"):
+        with Image.open(docs / name) as shot:
+            assert shot.format == "PNG" and shot.width == 1280 and shot.height > 300, name
