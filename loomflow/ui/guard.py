@@ -103,13 +103,28 @@ class Guard:
     async def __call__(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        response = self._refusal(request)
+        if response is None:
+            response = self._login(request) if request.url.path == "/login" else None
+        if response is None:
+            response = await call_next(request)
+        # on every answer, refusals too
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    def _refusal(self, request: Request) -> Response | None:
+        """The answer to a request this console does not serve; None to serve it."""
         host = host_of(request.headers.get("host") or "")
         if self.loopback and not is_loopback(host):
             return PlainTextResponse(
                 f"this console answers on the loopback only, not as {host!r}", 421
             )
         if request.url.path == "/login":
-            return self._login(request)
+            return None
         if not self._authorised(request):
             return PlainTextResponse(
                 "this console needs its token: open the login link it printed when it "
@@ -121,14 +136,10 @@ class Guard:
             origin = request.headers.get("origin")
             own = f"{request.url.scheme}://{request.headers.get('host', '')}"
             if origin is not None and origin != own:
-                return PlainTextResponse(f"refused: a request from {origin}", 403)
-        response = await call_next(request)
-        response.headers.setdefault("Content-Security-Policy", CSP)
-        response.headers.setdefault("X-Content-Type-Options", "nosniff")
-        response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
-        response.headers.setdefault("Cache-Control", "no-store")
-        return response
+                return PlainTextResponse(
+                    f"refused: a request from {origin}, another site than this console's", 403
+                )
+        return None
 
     def _login(self, request: Request) -> Response:
         code = request.query_params.get("code", "")
