@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import os
 import re
 import signal
@@ -25,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -165,36 +166,40 @@ def served(app: FastAPI) -> Iterator[str]:
 
 class Stream:
     """The server-sent events of one stream, read by a thread: ``events`` grows as they
-    arrive, as (event, data) pairs."""
+    arrive, as (event, data) pairs. Read with http.client, whose socket ``close`` shuts
+    down, which ends a read that waits (closing an httpx client does not)."""
 
     def __init__(self, url: str, **headers: str) -> None:
         self.events: list[tuple[str, str]] = []
         self.status: int | None = None
-        self._stop = threading.Event()
-        self._client = httpx.Client(timeout=httpx.Timeout(60, read=None), headers=headers)
-        self._thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        parts = urlsplit(url)
+        self._conn = http.client.HTTPConnection(parts.netloc, timeout=60)
+        self._conn.request("GET", f"{parts.path}?{parts.query}", headers=headers)
+        answer = self._conn.getresponse()
+        self.status = answer.status
+        self._thread = threading.Thread(target=self._read, args=(answer,), daemon=True)
         self._thread.start()
-        until(lambda: self.status is not None or not self._thread.is_alive(), what=url)
 
-    def _read(self, url: str) -> None:
-        with contextlib.suppress(httpx.HTTPError), self._client.stream("GET", url) as answer:
-            self.status = answer.status_code
-            kind = "message"
-            for line in answer.iter_lines():
-                if self._stop.is_set():
-                    return
-                if line.startswith("event:"):
-                    kind = line.partition(":")[2].strip()
-                elif line.startswith("data:"):
-                    self.events.append((kind, line.partition(":")[2].strip()))
+    def _read(self, answer: http.client.HTTPResponse) -> None:
+        kind = "message"
+        # closed under it: fp None (AttributeError), or a shut socket (OSError)
+        with contextlib.suppress(OSError, ValueError, AttributeError, http.client.HTTPException):
+            while line := answer.readline():
+                text = line.decode().rstrip("\r\n")
+                if text.startswith("event:"):
+                    kind = text.partition(":")[2].strip()
+                elif text.startswith("data:"):
+                    self.events.append((kind, text.partition(":")[2].strip()))
                     kind = "message"
 
     def text(self) -> str:
         return "\n".join(data for _, data in self.events)
 
     def close(self) -> None:
-        self._stop.set()
-        self._client.close()
+        if self._conn.sock is not None:
+            with contextlib.suppress(OSError):
+                self._conn.sock.shutdown(socket.SHUT_RDWR)
+        self._conn.close()
         self._thread.join(30)
 
 

@@ -97,7 +97,9 @@ def test_totals_count_and_sum_every_session_the_filters_keep_not_only_the_page(
     assert len(page["sessions"]) == 2 and page["total_sessions"] == journal.count
     rows = everything(client, limit=50)
     assert page["total_usage"]["output_tokens"] == sum(r["usage"]["output_tokens"] for r in rows)
-    assert page["total_usage"]["cost_usd"] == pytest.approx(sum(r["usage"]["cost_usd"] for r in rows))
+    assert page["total_usage"]["cost_usd"] == pytest.approx(
+        sum(r["usage"]["cost_usd"] for r in rows)
+    )
     alice = client.get("/api/sessions", params={"user": "alice", "limit": 1}).json()
     assert alice["total_sessions"] == len(journal.alice) + len(journal.waiting) + 1
 
