@@ -236,7 +236,8 @@ def test_the_openapi_description_names_every_route_of_the_api(client: TestClient
 def test_a_signal_is_recorded_and_the_waiting_run_receives_it(
     writer: TestClient, fresh: Journal
 ) -> None:
-    assert fresh.db is not None
+    db = fresh.db
+    assert db is not None
     session = fresh.waiting[0]
     answer = writer.post(
         f"/api/sessions/{session}/signal",
@@ -244,12 +245,12 @@ def test_a_signal_is_recorded_and_the_waiting_run_receives_it(
         json={"name": "approve", "data": {"ok": True, "by": "<b>ops</b>"}},
     )
     assert answer.status_code == 200, answer.text
-    assert events_of(fresh.db, session, "alice")[-1] == "signal.sent"
-    assert answer.json()["seq"] == len(events_of(fresh.db, session, "alice"))
+    assert events_of(db, session, "alice")[-1] == "signal.sent"
+    assert answer.json()["seq"] == len(events_of(db, session, "alice"))
 
     async def resume() -> str:
         lifecycle.APPROVALS.clear()
-        async with SqliteRuntime(fresh.db) as runtime:
+        async with SqliteRuntime(db) as runtime:
             done = await lifecycle.payer(runtime).resume(session_id=session, user_id="alice")
         return done.stop_reason
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 from fastapi.testclient import TestClient
 
-from loomflow.runtime import ANY_USER, Scope, SqliteRuntime
+from loomflow.runtime import ANY_USER, DatabaseStore, Scope, SqliteRuntime
 from loomflow.ui import ConsoleConfig, create_app
 from loomflow.ui.guard import COOKIE, CSP, Guard
 from tests.support.console import (
@@ -56,6 +56,7 @@ def log_of(db: Path) -> list[tuple[str | None, str, int]]:
 
     async def read() -> list[tuple[str | None, str, int]]:
         async with SqliteRuntime(db) as runtime:
+            assert isinstance(runtime.store, DatabaseStore)
             rows = await runtime.store.list_sessions(user_id=ANY_USER, limit=1000)
             found = []
             for row in rows:
@@ -105,7 +106,7 @@ def test_an_action_without_the_csrf_token_is_refused_and_does_nothing(
         for path, body in actions(session, "alice", checkpoint):
             query = {"user": "alice"} if path.startswith("/api/") else {}
             # a header of any bytes, as a client may send (UTF-8 here)
-            headers = {"X-CSRF-Token": csrf.encode()} if csrf is not None else {}
+            headers = {b"X-CSRF-Token": csrf.encode()} if csrf is not None else {}
             if "data" in body and csrf is not None:
                 body = {"data": {**body["data"], "csrf": csrf}}
             answer = client.post(path, params=query, headers=headers, **body)
@@ -193,7 +194,7 @@ def test_without_its_token_the_console_answers_401(
     guarded: tuple[TestClient, Guard], path: str, authorization: str | None
 ) -> None:
     client, _ = guarded
-    headers = {} if authorization is None else {"Authorization": authorization.encode()}
+    headers = {} if authorization is None else {b"Authorization": authorization.encode()}
     answer = client.get(path, headers=headers)
     assert answer.status_code == 401
     assert "needs its token" in answer.text and answer.headers["WWW-Authenticate"] == "Bearer"
