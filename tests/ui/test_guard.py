@@ -301,7 +301,6 @@ def test_a_users_console_reads_another_users_ids_as_unknown(db: Path, journal: J
                     f"/api/sessions/{session}",
                     f"/api/sessions/{session}/events",
                     f"/sessions/{session}",
-                    f"/live/sessions/{session}",
                 ):
                     answer = client.get(path, params=query)
                     assert answer.status_code == 404, (path, query, answer.text)
@@ -316,13 +315,19 @@ def test_a_users_console_reads_another_users_ids_as_unknown(db: Path, journal: J
     assert log_of(db) == before
 
 
-def test_a_users_console_streams_none_of_another_users_changes(db: Path) -> None:
-    """The live list and the tail of alice's console, while bob's and alice's sessions
-    change: alice's changes arrive, bob's never do."""
+def test_a_users_console_streams_none_of_another_users_changes(db: Path, journal: Journal) -> None:
+    """A session stream of another user's session is a 404 (served, not in process: an
+    open stream would never end there); the live list and the tail of alice's console,
+    while bob's and alice's sessions change: alice's changes arrive, bob's never do."""
     from loomflow.control.source import Source
 
     app = create_app(ConsoleConfig(source=Source(db=db), user="alice", poll_seconds=0.05))
     with served(app) as url:
+        for session, user in [(journal.bob[0], "bob"), journal.zoo["finished"], ("inv-7", "")]:
+            for query in ("", f"?user={user}"):
+                stream = Stream(f"{url}/live/sessions/{session}{query}")
+                stream.close()
+                assert stream.status == 404, (session, query)
         listing = Stream(f"{url}/live/sessions")
         tail = Stream(f"{url}/live/tail")
         assert listing.status == tail.status == 200
