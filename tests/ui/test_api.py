@@ -212,6 +212,14 @@ def test_an_unknown_session_is_a_404_pointing_at_what_exists(
     assert client.get(f"/api/sessions/{finished}", params={"user": "bob"}).status_code == 404
 
 
+def test_an_unknown_sessions_page_is_a_404_page_linking_to_the_list(client: TestClient) -> None:
+    answer = client.get("/sessions/no-such-session", params={"user": "ada"})
+    assert answer.status_code == 404 and "<h1>Not found</h1>" in answer.text
+    assert "no session no-such-session (user ada)" in answer.text
+    assert "listed at / and at GET /api/sessions" in answer.text
+    assert '<a href="/">The sessions this console shows</a>' in answer.text
+
+
 def test_the_openapi_description_names_every_route_of_the_api(client: TestClient) -> None:
     spec = client.get("/api/openapi.json").json()
     assert set(spec["paths"]) == {
@@ -281,6 +289,28 @@ def test_a_signal_that_is_not_json_is_a_400_and_nothing_is_appended(
     )
     assert answer.status_code == 400, answer.text
     assert says in answer.json()["error"]
+    assert events_of(fresh.db, session, "alice") == before
+
+
+def test_a_signal_form_whose_payload_is_not_json_keeps_what_was_typed_and_appends_nothing(
+    writer: TestClient, fresh: Journal
+) -> None:
+    assert fresh.db is not None
+    session = fresh.waiting[0]
+    before = events_of(fresh.db, session, "alice")
+    typed = '{"ok": yes, "note": "<b>x</b>"}'
+    answer = writer.post(
+        f"/sessions/{session}/signal",
+        data={
+            "name": "approve",
+            "payload": typed,
+            "user": "alice",
+            "csrf": writer.headers["X-CSRF-Token"],
+        },
+    )
+    assert answer.status_code == 400
+    assert "the payload is not JSON" in answer.text
+    assert "{&#34;ok&#34;: yes, &#34;note&#34;: &#34;&lt;b&gt;x&lt;/b&gt;&#34;}" in answer.text
     assert events_of(fresh.db, session, "alice") == before
 
 
