@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 import loomflow
 from loomflow import cli
@@ -62,7 +63,9 @@ def _extra_of(distribution: str) -> set[str]:
     extras = set()
     for line in metadata.requires("loomflow-durable") or []:
         requirement = Requirement(line)
-        if requirement.name != distribution or requirement.marker is None:
+        if canonicalize_name(requirement.name) != canonicalize_name(distribution):
+            continue
+        if requirement.marker is None:
             continue
         extras |= {
             e for e in PROJECT["optional-dependencies"] if requirement.marker.evaluate({"extra": e})

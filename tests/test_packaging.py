@@ -87,6 +87,7 @@ def test_a_scaled_runtime_names_its_extra(core_python: Path) -> None:
         (["report", "--db", "journal.db", "--html", "r.html"], "plotly", "report"),
         (["processor"], "aiokafka", "kafka"),
         (["setup"], "asyncpg", "postgres"),
+        (["ui", "--db", "journal.db"], "fastapi", "ui"),
     ],
 )
 def test_a_command_without_its_extra_names_that_extra(

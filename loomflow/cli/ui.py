@@ -48,7 +48,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ui.add_argument("--schema", metavar="NAME", help="its PostgreSQL schema")
     ui.add_argument("--host", help="the address to listen on (default: LOOMFLOW_UI_HOST)")
     ui.add_argument(
-        "--port", type=int, help="the port (default: LOOMFLOW_UI_PORT; 0: any free one)"
+        "--port",
+        type=_port,
+        help="the port, 0 to 65535 (default: LOOMFLOW_UI_PORT; 0: any free one)",
     )
     ui.add_argument(
         "--user",
@@ -71,7 +73,28 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ui.set_defaults(handler=_ui)
 
 
+def _port(text: str) -> int:
+    """An argument type: a TCP port (0: any free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: one of 0 to 65535")
+    return value
+
+
 def _ui(args: argparse.Namespace) -> int:
+    # a missing module of the [ui] extra is named before anything starts: FastAPI says of
+    # a missing python_multipart, and Starlette of jinja2, with other errors than a
+    # ModuleNotFoundError, which the command line turns into the extra's name
+    import fastapi  # noqa: F401
+    import jinja2  # noqa: F401  (Starlette's templates assert it is there)
+    import python_multipart  # noqa: F401
+    import sse_starlette  # noqa: F401
+    import uvicorn  # noqa: F401
+
+    import loomflow.ui  # noqa: F401
     from loomflow.control.refused import Refused
     from loomflow.control.source import Source, quiet_kafka, read_settings
 
@@ -85,6 +108,14 @@ def _ui(args: argparse.Namespace) -> int:
         return exc.code
     if source is None:
         return 2
+    if args.agent is not None:
+        from loomflow.control.agents import load_agents
+
+        try:
+            load_agents(args.agent)  # a typo is said now, not at the first retry
+        except ValueError as exc:
+            print(f"loomflow ui: --agent: {exc}", file=sys.stderr)
+            return 2
     quiet_kafka()
     try:
         return asyncio.run(_serve(args, source, settings))
@@ -151,26 +182,31 @@ async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
     if not started.is_set():
         waiting.cancel()
         return 1
-    shown = f"[{host}]" if ":" in host else host
-    url = f"http://{shown}:{port}/"
+    url = _url(host, port)
     what = f"SQLite {source.db}" if source.db is not None else "the PostgreSQL read model"
-    print(f"loomflow console on {url} ({what}); Ctrl-C stops", file=sys.stderr, flush=True)
+    lines = [f"loomflow console on {url} ({what}); Ctrl-C stops"]
     if token is not None:
-        print(
+        lines.append(
             f"open {url}login?code={guard.login_code()} to sign in (the link works once); "
-            "tools send Authorization: Bearer $LOOMFLOW_UI_TOKEN",
-            file=sys.stderr,
-            flush=True,
+            "tools send Authorization: Bearer $LOOMFLOW_UI_TOKEN"
         )
         if settings.ui_token is None:
-            print(
-                "the token was made for this run: set LOOMFLOW_UI_TOKEN to give tools one",
-                file=sys.stderr,
-                flush=True,
-            )
+            lines.append("the token was made for this run: set LOOMFLOW_UI_TOKEN to give tools one")
+    # one write: a reader of this output finds the link with the address
+    sys.stderr.write("".join(f"{line}\n" for line in lines))
+    sys.stderr.flush()
     await serving
     print("loomflow console stopped", file=sys.stderr)
     return 0
+
+
+def _url(host: str, port: int) -> str:
+    """The console's address as a browser opens it: a wildcard address (every interface)
+    named by the machine's host name, which a browser elsewhere can reach."""
+    if host in ("0.0.0.0", "::", "[::]", ""):
+        host = socket.gethostname()
+    shown = f"[{host.strip('[]')}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
 
 
 def _bound(host: str, port: int) -> socket.socket:

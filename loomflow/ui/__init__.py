@@ -1,3 +1,11 @@
-"""The web console, ``loomflow ui`` (the ``[ui]`` extra): the sessions of a store, their
-transcripts, runs, checkpoints and fork trees, what is live, and the actions of the
-command line, in a browser, served by this process only (``app.create_app``)."""
+"""The web console (``loomflow ui``, the ``[ui]`` extra): an ASGI application over the
+store the command line opens, its pages, JSON API and live streams.
+
+``create_app(ConsoleConfig(source=...))`` is the application ``loomflow ui`` serves with
+uvicorn; another ASGI server, or a test's client, can serve it as well.
+"""
+
+from loomflow.ui.app import create_app
+from loomflow.ui.backend import ConsoleConfig
+
+__all__ = ["ConsoleConfig", "create_app"]

@@ -19,6 +19,7 @@ import orjson
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
+from loomflow.control import verbs
 from loomflow.control.status import status as status_of
 from loomflow.ui import views
 from loomflow.ui.backend import Backend, StoreDown
@@ -46,6 +47,7 @@ async def session(
     scope = scope_of(request, session_id, user)
     backend: Backend = request.app.state.backend
     poll = backend.config.poll_seconds
+    await verbs.session(await backend.runtime(), scope)  # not there (or another's): 404
 
     failing: tuple[type[BaseException], ...] = (StoreDown, *backend.down)
 

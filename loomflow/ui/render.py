@@ -1,7 +1,7 @@
-"""How the console's pages are drawn: the Jinja2 templates (autoescaped: every string
-of a transcript is data), the filters that show untrusted text, and :func:`page`, which
-gives every page what the layout shows (the console's scope, whether it writes, its
-CSRF token)."""
+"""How the console draws a page: its Jinja2 templates, the filters that show model and
+tool output as text, and what every page is given (the console's scope, whether it
+writes, its CSRF token). Below the routes (``pages``, ``live``) and the application that
+mounts them, so that none of them imports another in a circle."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from loomflow.ui.guard import Guard
 
 __all__ = ["page", "templates"]
 
-templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+_HERE = Path(__file__).parent
+
+templates = Jinja2Templates(directory=_HERE / "templates")
 
 #: C0 and C1 control characters but tab and newline, which a page shows as ``\xNN``
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -45,10 +47,10 @@ def page(
 ) -> HTMLResponse:
     """The template ``name`` with what every page shows (the console's scope, whether it
     writes, its CSRF token)."""
-    config: ConsoleConfig = request.app.state.config
-    guard: Guard = request.app.state.guard
     from loomflow.runtime import ANY_USER
 
+    config: ConsoleConfig = request.app.state.config
+    guard: Guard = request.app.state.guard
     shared = {
         "scope_user": None if config.user is ANY_USER else config.user,
         "scoped": config.user is not ANY_USER,
