@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import tempfile
 import tomllib
+import urllib.request
 import venv
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +50,29 @@ def _venv_with(where: Path, *sources: Path) -> Path:
 def core_python(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A new venv with ``pip install <this checkout>`` and nothing else."""
     yield _venv_with(tmp_path_factory.mktemp("core-venv"), ROOT)
+
+
+def _serves(loomflow: Path, cwd: Path, *args: str) -> None:
+    """``loomflow ui ARGS --port 0`` starts, lists the log's sessions, and stops on Ctrl-C."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "LOOMFLOW_"))}
+    console = subprocess.Popen(
+        [str(loomflow), "ui", *args, "--port", "0"],
+        cwd=cwd,
+        env=clean,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert console.stderr is not None
+        said = console.stderr.readline()
+        address = re.search(r"http://\S+/", said)
+        assert address is not None, said
+        with urllib.request.urlopen(address.group(), timeout=30) as page:
+            assert page.status == 200 and "sess01" in page.read().decode()
+    finally:
+        console.send_signal(signal.SIGINT)
+        assert console.wait(30) == 0
 
 
 def _run(
@@ -122,8 +148,15 @@ def test_the_demo_installs_beside_the_library_and_runs(
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
     # the last check of the demo, once its workers, run process, `loomflow worker`s and
     # `loomflow signal` all ran from this venv
-    assert done.stdout.rstrip().endswith("sessions match the log"), done.stdout[-3000:]
+    *_, verdict, console = done.stdout.rstrip().splitlines()
+    assert verdict.endswith("sessions match the log"), done.stdout[-3000:]
     assert (tmp_path / "loomflow-demo.db").is_file()  # the default --db
+    # and the console it names at the end serves that log from this venv (the demo's
+    # distribution brings the [ui] extra), on a free port here
+    command = re.search(r"loomflow ui --db (\S+),", console)
+    assert command is not None, console
+    assert Path(command.group(1)) == tmp_path / "loomflow-demo.db", console
+    _serves(python.parent / "loomflow", tmp_path, "--db", command.group(1))
 
 
 def test_the_command_reports_its_version(core_python: Path) -> None:

@@ -112,7 +112,9 @@ class Guard:
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
-        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        # same-origin, not no-referrer: under no-referrer a browser sends its form posts
+        # with "Origin: null", which the check refuses; no referrer goes elsewhere either way
+        response.headers.setdefault("Referrer-Policy", "same-origin")
         response.headers.setdefault("Cache-Control", "no-store")
         return response
 
