@@ -18,12 +18,13 @@ from loomflow.errors import CorruptRecordError
 from loomflow.projections.fold import CheckpointRow
 from loomflow.schemas import Event, RunOptions, Usage
 from loomflow.schemas.codec import decode_event
-from loomflow.schemas.sessions import PendingSignal, SessionRecord, Waiting
+from loomflow.schemas.sessions import PendingSignal, SessionRecord, SessionTotals, Waiting
 
 __all__ = [
     "CHECKPOINT_FIELDS",
     "EVENT_FIELDS",
     "SESSION_FIELDS",
+    "USAGE_FIELDS",
     "checkpoint_from_row",
     "control_json",
     "control_parts",
@@ -31,6 +32,7 @@ __all__ = [
     "event_from_row",
     "session_from_row",
     "stored_user",
+    "totals_from_row",
 ]
 
 logger = logging.getLogger("loomflow.projections")
@@ -66,6 +68,9 @@ CHECKPOINT_FIELDS = (
     "created_at",
 )
 EVENT_FIELDS = ("user_id", "session_id", "seq", "type", "event_id", "run_id", "epoch", "v", "at")
+#: the keys of a usage column's JSON (model_dump_json writes every one), which
+#: session_totals sums in this order
+USAGE_FIELDS = tuple(Usage.model_fields)
 
 
 def stored_user(user_id: str | None) -> str:
@@ -202,6 +207,15 @@ def session_from_row(row: Sequence[Any]) -> SessionRecord:
         )
     except (ValueError, TypeError, KeyError) as exc:
         raise CorruptRecordError(f"session row {row[1]!r} does not decode: {exc}") from exc
+
+
+def totals_from_row(row: Sequence[Any]) -> SessionTotals:
+    """Session totals from a count and the sums of USAGE_FIELDS, in that order."""
+    count, *sums = row
+    fields = dict(zip(USAGE_FIELDS, sums, strict=True))
+    # as Usage's + rounds it: a sum of many costs in float carries noise past 1e-10
+    fields["cost_usd"] = round(float(fields["cost_usd"]), 10)
+    return SessionTotals(int(count), Usage(**fields))
 
 
 def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRow:

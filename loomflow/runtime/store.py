@@ -26,7 +26,7 @@ from loomflow.schemas.events import (
     SessionErasedPayload,
 )
 from loomflow.schemas.scope import ANY_USER, Scope
-from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
 
 __all__ = ["DatabaseStore", "EventStore", "PruneResult", "prune_filter"]
 
@@ -229,6 +229,21 @@ def prune_filter(before: datetime | None, session_id: str | None, user_id: Any) 
     )
 
 
+def _selection(
+    user_id: Any, status: str | Sequence[str] | None
+) -> tuple[str | None, bool, tuple[str, ...] | None] | None:
+    """The user and statuses of a listing's filters, checked, as the queries take them:
+    (user id, every user's, statuses or None for all); None when no session can match
+    (no status asked for)."""
+    any_user = user_id is ANY_USER
+    if not any_user and user_id is not None:
+        validate_id(user_id, "user_id")
+    statuses = None if status is None else (status,) if isinstance(status, str) else status
+    if statuses is not None and not statuses:
+        return None
+    return None if any_user else user_id, any_user, None if statuses is None else tuple(statuses)
+
+
 class DatabaseStore(EventStore):
     """The reads of a store whose read model is a database (SQLite, PostgreSQL).
 
@@ -270,6 +285,7 @@ class DatabaseStore(EventStore):
         status: str | Sequence[str] | None = None,
         since: datetime | None = None,
         agent: str | None = None,
+        after: SessionCursor | None = None,
     ) -> list[SessionRecord]:
         """Up to ``limit`` sessions, the most recently active first; metadata only.
 
@@ -279,28 +295,52 @@ class DatabaseStore(EventStore):
         finished, failed, stuck, cancelled, or several of them), only the sessions in it;
         with ``since``, only those last active at or after it; with ``agent``, only those
         whose latest run is of that agent. Erased sessions are not listed.
+
+        The order is ``updated_at`` newest first, then user id, then session id (no user
+        first). ``after`` pages on: only the sessions after that cursor in this order are
+        listed, so ``after=SessionCursor.of(page[-1])`` gives the next page.
         """
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, not {limit!r}")
-        any_user = user_id is ANY_USER
-        if not any_user and user_id is not None:
-            validate_id(user_id, "user_id")
+        if after is not None and not isinstance(after, SessionCursor):
+            raise TypeError(
+                f"after must be a SessionCursor, not {type(after).__name__}: read a page's "
+                "token with SessionCursor.decode(token)"
+            )
         if parent_session_id is not None:
             validate_id(parent_session_id, "parent_session_id")
-        statuses = None if status is None else (status,) if isinstance(status, str) else status
-        if statuses is not None and not statuses:
+        selected = _selection(user_id, status)
+        if selected is None:
             return []
         rows: list[SessionRecord] = await self._query(
             self.queries.list_sessions,
-            None if any_user else user_id,
-            any_user,
+            *selected,
             parent_session_id,
             min(limit, _MAX_LIMIT),
-            None if statuses is None else tuple(statuses),
             since,
             agent,
+            after,
         )
         return rows
+
+    async def session_totals(
+        self,
+        *,
+        user_id: Any,
+        status: str | Sequence[str] | None = None,
+        since: datetime | None = None,
+        agent: str | None = None,
+    ) -> SessionTotals:
+        """How many sessions ``list_sessions`` with these filters lists in all, and their
+        usage summed (tokens and cost); the filters mean what they mean there, and
+        erased sessions are not counted."""
+        selected = _selection(user_id, status)
+        if selected is None:
+            return SessionTotals()
+        totals: SessionTotals = await self._query(
+            self.queries.session_totals, *selected, since, agent
+        )
+        return totals
 
     async def sessions_in_flight(self, limit: int = 500) -> list[SessionRecord]:
         rows: list[SessionRecord] = await self._query(

@@ -34,7 +34,14 @@ from loomflow.schemas.messages import (
     Usage,
 )
 from loomflow.schemas.scope import ANY_USER, Scope
-from loomflow.schemas.sessions import PendingSignal, SessionRecord, SessionStatus, Waiting
+from loomflow.schemas.sessions import (
+    PendingSignal,
+    SessionCursor,
+    SessionRecord,
+    SessionStatus,
+    SessionTotals,
+    Waiting,
+)
 
 __all__ = [
     "ANY_USER",
@@ -58,10 +65,12 @@ __all__ = [
     "RunWaiting",
     "SchemaRef",
     "Scope",
+    "SessionCursor",
     "SessionErased",
     "SessionForked",
     "SessionRecord",
     "SessionStatus",
+    "SessionTotals",
     "SignalSent",
     "StepRecorded",
     "StopReason",

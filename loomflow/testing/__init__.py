@@ -8,7 +8,7 @@ PostgreSQL trails pass. Install with
 ``pip install 'loomflow-durable[testing]'`` (pytest and pytest-asyncio); ``import
 loomflow`` never imports this package.
 
-Four pytest base classes. Subclass the first two in a test module and define one fixture: a
+Five pytest base classes. Subclass the first two in a test module and define one fixture: a
 factory that opens a new store or runtime on the test's storage each time it is called.
 Every store or runtime it returns must see what the earlier ones wrote (as a process
 that reopens a file or reconnects to a server does); the suite opens several per test
@@ -44,6 +44,12 @@ and closes each one itself::
   prune, erase, the journal with and without checkpoints, writes that fail or land in
   doubt, a fenced stale writer, signals, and cancels (a run cancelled from another
   runtime stops at its next step; no worker resumes it).
+- :class:`ListingConformance` lists the sessions of a
+  :class:`~loomflow.runtime.DatabaseStore` (its fixture ``open_store``, as the store
+  suite's): ``list_sessions`` in its order, page by page after a
+  :class:`~loomflow.schemas.SessionCursor` (ties on ``updated_at`` included), with its
+  filters; ``session_totals`` counting and summing what they select; cursor tokens that
+  read back, and a ValueError for one that is not.
 - :class:`LogReaderConformance` reads the log its fixture ``log`` holds (a
   :class:`ReadableLog`: a store that writes to it, readers of it from a :data:`Start`, a
   record that does not decode): every record once, in log order, with positions; a
@@ -81,6 +87,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - exercised in a subproce
 # the suites' assertions report their operands, as those of a test module do
 pytest.register_assert_rewrite(
     "loomflow.testing.store",
+    "loomflow.testing.listing",
     "loomflow.testing.runtime",
     "loomflow.testing.checkpoints",
     "loomflow.testing.resume",
@@ -98,6 +105,7 @@ pytest.register_assert_rewrite(
 )
 
 from loomflow.testing._support import RuntimeFactory, StoreFactory  # noqa: E402
+from loomflow.testing.listing import ListingConformance  # noqa: E402
 from loomflow.testing.log import (  # noqa: E402
     AuditedLog,
     LogReaderConformance,
@@ -112,6 +120,7 @@ from loomflow.testing.trail import AuditTrailConformance, TrailTampering  # noqa
 __all__ = [
     "AuditTrailConformance",
     "AuditedLog",
+    "ListingConformance",
     "LogReaderConformance",
     "ReadableLog",
     "RuntimeConformance",

@@ -27,6 +27,7 @@ from loomflow.runtime import EventStore, PruneResult, Scope
 from loomflow.schemas import (
     CheckpointWritten,
     Event,
+    RunFailed,
     RunFinished,
     RunStarted,
     SessionForked,
@@ -36,7 +37,9 @@ from loomflow.schemas import (
 )
 from loomflow.schemas.events import (
     CheckpointWrittenPayload,
+    RunFailedPayload,
     RunFinishedPayload,
+    RunStartedPayload,
     SessionForkedPayload,
     StepRecordedPayload,
     TranscriptCompactedPayload,
@@ -82,11 +85,11 @@ class SessionLog:
             envelope["at"] = self.at
         return envelope
 
-    def claim(self) -> RunStarted:
-        """A run starts: it claims the session with the next epoch."""
+    def claim(self, *, agent: str | None = None) -> RunStarted:
+        """A run (of ``agent``) starts: it claims the session with the next epoch."""
         self.epoch += 1
         self.run_id = new_id("run")
-        return RunStarted(**self._envelope(None, None))
+        return RunStarted(payload=RunStartedPayload(agent=agent), **self._envelope(None, None))
 
     def fork(self, parent: Scope, checkpoint_id: str, messages: Sequence[Message]) -> SessionForked:
         """The first event of a session forked from ``parent``'s checkpoint."""
@@ -147,6 +150,10 @@ class SessionLog:
     def finish(self) -> RunFinished:
         payload = RunFinishedPayload(output="done", turns=self.turns, usage=self.usage)
         return RunFinished(payload=payload, **self._envelope(None, None))
+
+    def fail(self, error: str = "the model is away") -> RunFailed:
+        payload = RunFailedPayload(error_type="ModelError", error=error)
+        return RunFailed(payload=payload, **self._envelope(None, None))
 
     def run(self, turns: int) -> list[Event]:
         """A run's events: its claim, then per turn a question, a journal step and a

@@ -27,7 +27,8 @@ from loomflow.projections.sqlite import JOURNAL, migrate, stored_version
 from loomflow.projections.sqlite.audit import TRAIL
 from loomflow.projections.sqlite.otel import OTEL
 from loomflow.projections.sqlite.stats import STATS
-from loomflow.runtime import Scope, SqliteRuntime, SqliteStore
+from loomflow.runtime import ANY_USER, Scope, SqliteRuntime, SqliteStore
+from loomflow.schemas import SessionCursor
 from tests.support.file_opener import OPENERS
 from tests.support.scenario import Research
 
@@ -193,7 +194,44 @@ async def test_a_journal_written_before_the_scheme_opens_and_keeps_working(
         for scope in (Scope("s1"), Scope("s2", "alice"), Scope("s3")):
             row = await store.session(scope)
             assert row is not None and row.status == "finished", scope
-    assert _version(db, JOURNAL) == JOURNAL.version == 3
+    assert _version(db, JOURNAL) == JOURNAL.version == 4
+
+
+def _indexes(path: Path) -> set[str]:
+    with closing(sqlite3.connect(path)) as conn:
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'loomflow_sessions'"
+        )
+        return {name for (name,) in rows if not name.startswith("sqlite_")}
+
+
+async def test_a_journal_at_version_3_gets_the_listing_indexes_and_pages_its_sessions(
+    tmp_path: Path,
+) -> None:
+    db = _restore("journal-v3.sql", tmp_path / "journal.db")
+    assert _version(db, JOURNAL) == 3
+    assert {"loomflow_sessions_updated", "loomflow_sessions_user_updated"} <= _indexes(db)
+    await _run(db, "s3", "alice")  # opened at version 4 from here on
+    assert _version(db, JOURNAL) == 4
+    indexes = _indexes(db)
+    assert {"loomflow_sessions_listing", "loomflow_sessions_user_listing"} <= indexes
+    assert not {"loomflow_sessions_updated", "loomflow_sessions_user_updated"} & indexes
+    async with SqliteStore(db) as store:
+        everyone = await store.list_sessions(user_id=ANY_USER)
+        assert [(r.user_id, r.session_id) for r in everyone] == [
+            ("alice", "s3"),
+            ("alice", "s2"),
+            (None, "s1"),
+        ]
+        # the rows the old version wrote page on as the new ones do
+        for k in range(len(everyone)):
+            after = SessionCursor.of(everyone[k])
+            assert await store.list_sessions(user_id=ANY_USER, after=after) == everyone[k + 1 :]
+        alice = await store.list_sessions(user_id="alice", after=SessionCursor.of(everyone[0]))
+        assert alice == everyone[1:2]
+        totals = await store.session_totals(user_id=ANY_USER)
+        summed = everyone[0].usage + everyone[1].usage + everyone[2].usage
+        assert totals.sessions == 3 and totals.usage == summed and summed.input_tokens > 0
 
 
 def test_a_trail_written_before_it_had_versions_verifies_then_migrates_and_goes_on(

@@ -14,7 +14,13 @@ from typing import ClassVar
 
 import pytest
 
-from loomflow.testing import RuntimeConformance, RuntimeFactory, StoreConformance, StoreFactory
+from loomflow.testing import (
+    ListingConformance,
+    RuntimeConformance,
+    RuntimeFactory,
+    StoreConformance,
+    StoreFactory,
+)
 from tests.support.backends import BACKENDS, Backend
 
 
@@ -55,6 +61,10 @@ class TestSqliteRuntime(_OnBackend, RuntimeConformance):
     backend_name = "sqlite"
 
 
+class TestSqliteListing(_OnBackend, ListingConformance):
+    backend_name = "sqlite"
+
+
 @pytest.mark.postgres
 class TestPostgresStore(_OnBackend, StoreConformance):
     backend_name = "postgres"
@@ -62,6 +72,11 @@ class TestPostgresStore(_OnBackend, StoreConformance):
 
 @pytest.mark.postgres
 class TestPostgresRuntime(_OnBackend, RuntimeConformance):
+    backend_name = "postgres"
+
+
+@pytest.mark.postgres
+class TestPostgresListing(_OnBackend, ListingConformance):
     backend_name = "postgres"
 
 

@@ -7,6 +7,7 @@ import logging
 import secrets
 import socket
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -22,13 +23,14 @@ from loomflow.errors import (
 )
 from loomflow.projections import postgres as pg
 from loomflow.projections.migrations import Migrations
-from loomflow.runtime import PostgresRuntime, PostgresStore, Scope, SessionWriter
+from loomflow.runtime import ANY_USER, PostgresRuntime, PostgresStore, Scope, SessionWriter
 from loomflow.runtime.writer import WritePolicy
 from loomflow.schemas import (
     CheckpointsPruned,
     CheckpointWritten,
     Event,
     RunStarted,
+    SessionCursor,
     SessionErased,
     StepRecorded,
     TurnAppended,
@@ -125,13 +127,58 @@ async def test_a_schema_at_an_older_version_is_migrated_on_open(dsn: str, schema
         runtime = await PostgresRuntime.connect(dsn, schema=schema)
         await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
         await runtime.close()
-        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 6
+        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
         control = await conn.fetchval(
             "SELECT data_type FROM information_schema.columns WHERE table_schema = $1 "
             "AND table_name = 'sessions' AND column_name = 'control'",
             schema,
         )
         assert control == "json"  # step 5 ran
+    finally:
+        await conn.close()
+
+
+async def _session_indexes(conn: asyncpg.Connection, schema: str) -> set[str]:
+    rows = await conn.fetch(
+        "SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'sessions'",
+        schema,
+    )
+    return {r["indexname"] for r in rows}
+
+
+async def test_a_schema_at_version_6_gets_the_listing_indexes_and_pages_its_sessions(
+    dsn: str, schema: str
+) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await pg.migrate(conn, schema, Migrations(pg.READ_MODEL.meta, pg.READ_MODEL.steps[:6]))
+        old = {"sessions_updated", "sessions_user_updated"}
+        assert old <= await _session_indexes(conn, schema)
+        # sessions of two users written at version 6, two of them last active at one moment
+        at = datetime(2026, 5, 6, 7, 8, 9, 654321, tzinfo=UTC)
+        for user, session_id in (("ada", "s1"), (None, "s2"), ("ada", "s3")):
+            claim = RunStarted(
+                user_id=user, session_id=session_id, run_id="r", seq=1, epoch=1, at=at
+            )
+            assert await pg.commit_round(conn, schema, [[claim]]) == [None]
+            at -= timedelta(microseconds=1) if session_id == "s2" else timedelta(0)
+        runtime = await PostgresRuntime.connect(dsn, schema=schema)  # migrates it
+        try:
+            assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
+            indexes = await _session_indexes(conn, schema)
+            assert {"sessions_listing", "sessions_user_listing"} <= indexes
+            assert not old & indexes
+            store = runtime.store
+            assert isinstance(store, PostgresStore)
+            everyone = await store.list_sessions(user_id=ANY_USER)
+            ids = [(r.user_id, r.session_id) for r in everyone]
+            assert ids == [(None, "s2"), ("ada", "s1"), ("ada", "s3")]
+            for k in range(len(everyone)):
+                after = SessionCursor.of(everyone[k])
+                assert await store.list_sessions(user_id=ANY_USER, after=after) == everyone[k + 1 :]
+            assert (await store.session_totals(user_id="ada")).sessions == 2
+        finally:
+            await runtime.close()
     finally:
         await conn.close()
 

@@ -405,3 +405,30 @@ def test_the_rows_a_store_keeps_from_its_commits_are_bounded(
     known.remember(rows("b"))  # written again: the latest
     known.remember(rows("e"))
     assert [k.session_id for k in known.rows] == ["d", "b", "e"]
+
+
+@pytest.mark.parametrize("user", ["ada", None, "every user"])
+@pytest.mark.parametrize("paged", [False, True])
+def test_a_page_of_sessions_reads_an_index_in_the_listing_order(
+    tmp_path: Path, user: str | None, paged: bool
+) -> None:
+    # at 10k sessions a sort of every row costs milliseconds a page; a page read in index
+    # order stops after its rows, however deep it is (EXPLAIN QUERY PLAN says which)
+    from datetime import UTC, datetime
+
+    from loomflow.schemas import SessionCursor
+
+    conn = sql.connect(tmp_path / "journal.db", 1000)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    after = SessionCursor(datetime.now(UTC), "bob", "s1") if paged else None
+    any_user = user == "every user"
+    sql.list_sessions(conn, None if any_user else user, any_user, None, None, 50, None, None, after)
+    conn.set_trace_callback(None)
+    (statement,) = statements
+    plan = " / ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {statement}"))
+    conn.close()
+    index = "loomflow_sessions_listing" if any_user else "loomflow_sessions_user_listing"
+    assert f"USING INDEX {index}" in plan and "TEMP B-TREE" not in plan, plan
+    if paged:  # it starts at the cursor's moment, not at the newest session
+        assert "updated_at<?" in plan, plan

@@ -43,6 +43,7 @@ from loomflow.projections.postgres.reads import (
     match_sessions,
     read_events,
     read_transcript,
+    session_totals,
     sessions_in_flight,
 )
 from loomflow.projections.postgres.schema import (
@@ -102,6 +103,7 @@ __all__ = [
     "save_sessions",
     "schema_version",
     "schemas_with_processors",
+    "session_totals",
     "sessions_channel",
     "sessions_in_flight",
     "store_error",

@@ -25,15 +25,17 @@ from loomflow.projections.postgres.tables import (
     matching,
 )
 from loomflow.projections.rows import (
+    USAGE_FIELDS,
     checkpoint_from_row,
     decoded_events,
     event_from_row,
     session_from_row,
     stored_user,
+    totals_from_row,
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
-from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
 
 __all__ = [
     "get_checkpoint",
@@ -46,6 +48,7 @@ __all__ = [
     "match_sessions",
     "read_events",
     "read_transcript",
+    "session_totals",
     "sessions_in_flight",
     "transcript_payloads",
 ]
@@ -72,23 +75,17 @@ async def load_session(
     return None if row is None else session_from_row(row)
 
 
-async def list_sessions(
-    conn: asyncpg.Connection,
-    schema: str,
+def _selecting(
+    args: list[Any],
     user_id: str | None,
     any_user: bool,
-    parent_session_id: str | None,
-    limit: int,
-    status: Sequence[str] | None = None,
-    since: datetime | None = None,
-    agent: str | None = None,
-) -> list[SessionRecord]:
-    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
-    ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it; with ``status``, only the sessions in one of them; with
-    ``since``, only those last active at or after it; with ``agent``, only those whose
-    latest run is of that agent."""
-    args: list[Any] = []
+    status: Sequence[str] | None,
+    since: datetime | None,
+    agent: str | None,
+    parent_session_id: str | None = None,
+) -> list[str]:
+    """The WHERE terms of a listing's filters (see list_sessions), their parameters
+    appended to ``args``."""
     where = ["status <> 'erased'"]
     if status is not None:
         args.append(list(status))
@@ -105,6 +102,37 @@ async def list_sessions(
     if agent is not None:
         args.append(agent)
         where.append(f"control->>'agent' = ${len(args)}")
+    return where
+
+
+async def list_sessions(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    any_user: bool,
+    status: Sequence[str] | None,
+    parent_session_id: str | None,
+    limit: int,
+    since: datetime | None = None,
+    agent: str | None = None,
+    after: SessionCursor | None = None,
+) -> list[SessionRecord]:
+    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
+    ``any_user``), the most recently active first; with ``parent_session_id``, only the
+    sessions forked from it; with ``status``, only the sessions in one of them; with
+    ``since``, only those last active at or after it; with ``agent``, only those whose
+    latest run is of that agent; with ``after``, only those after it in the order
+    (updated_at DESC, user_id, session_id), which the listing indexes hold."""
+    args: list[Any] = []
+    where = _selecting(args, user_id, any_user, status, since, agent, parent_session_id)
+    if after is not None:
+        args += [after.updated_at, stored_user(after.user_id), after.session_id]
+        t, u, sid = (f"${n}" for n in range(len(args) - 2, len(args) + 1))
+        # the bound on updated_at alone is what the index scan starts from; the rest
+        # drops the rows of the cursor's own moment up to it
+        where.append(
+            f"updated_at <= {t} AND (updated_at < {t} OR (user_id, session_id) > ({u}, {sid}))"
+        )
     args.append(limit)
     rows = await conn.fetch(
         f"SELECT {SESSION_COLUMNS} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)} "
@@ -112,6 +140,32 @@ async def list_sessions(
         *args,
     )
     return [session_from_row(row) for row in rows]
+
+
+async def session_totals(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    any_user: bool,
+    status: Sequence[str] | None,
+    since: datetime | None = None,
+    agent: str | None = None,
+) -> SessionTotals:
+    """How many sessions ``list_sessions`` selects with these filters, and their usage
+    summed."""
+    args: list[Any] = []
+    where = _selecting(args, user_id, any_user, status, since, agent)
+    sums = ", ".join(
+        f"coalesce(sum((usage->>'{name}')::float8), 0)"
+        if name == "cost_usd"
+        else f"coalesce(sum((usage->>'{name}')::bigint), 0)::bigint"
+        for name in USAGE_FIELDS
+    )
+    row = await conn.fetchrow(
+        f"SELECT count(*), {sums} FROM {quoted(schema)}.sessions WHERE {' AND '.join(where)}",
+        *args,
+    )
+    return totals_from_row(row)
 
 
 async def sessions_in_flight(

@@ -195,6 +195,16 @@ READ_MODEL = Migrations(
         PRIMARY KEY (user_id, session_id)
     );
     """,
+        # the listing's order (list_sessions and its pages after a cursor: updated_at newest
+        # first, then user and session), so a page reads only its rows and sorts nothing;
+        # they replace the indexes of updated_at, whose backward scan orders the sessions of
+        # one moment by user and session descending
+        """
+    CREATE INDEX sessions_listing ON {s}.sessions (updated_at DESC, user_id, session_id);
+    CREATE INDEX sessions_user_listing ON {s}.sessions (user_id, updated_at DESC, session_id);
+    DROP INDEX {s}.sessions_updated;
+    DROP INDEX {s}.sessions_user_updated;
+    """,
     ),
 )
 

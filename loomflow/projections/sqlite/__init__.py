@@ -25,6 +25,7 @@ from loomflow.projections.sqlite.reads import (
     log_rows_after,
     read_events,
     read_transcript,
+    session_totals,
     sessions_in_flight,
 )
 from loomflow.projections.sqlite.schema import (
@@ -89,6 +90,7 @@ __all__ = [
     "read_events",
     "read_transcript",
     "save_session",
+    "session_totals",
     "sessions_in_flight",
     "stored_version",
     "ts",

@@ -15,10 +15,12 @@ from loomflow.projections.apply import Seq
 from loomflow.projections.fold import TRANSCRIPT_TYPES, CheckpointRow, StepRow
 from loomflow.projections.rows import (
     SESSION_FIELDS,
+    USAGE_FIELDS,
     checkpoint_from_row,
     decoded_events,
     session_from_row,
     stored_user,
+    totals_from_row,
 )
 from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
@@ -29,7 +31,7 @@ from loomflow.projections.sqlite.tables import (
 )
 from loomflow.projections.transcript import decode_transcript
 from loomflow.schemas import Event, Message
-from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
 
 __all__ = [
     "event_ids_at",
@@ -43,6 +45,7 @@ __all__ = [
     "log_rows_after",
     "read_events",
     "read_transcript",
+    "session_totals",
     "sessions_in_flight",
 ]
 
@@ -58,21 +61,15 @@ def load_session(
     return None if row is None else session_from_row(row)
 
 
-def list_sessions(
-    conn: sqlite3.Connection,
+def _selecting(
     user_id: str | None,
     any_user: bool,
-    parent_session_id: str | None,
-    limit: int,
-    status: Sequence[str] | None = None,
-    since: datetime | None = None,
-    agent: str | None = None,
-) -> list[SessionRecord]:
-    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
-    ``any_user``), the most recently active first; with ``parent_session_id``, only the
-    sessions forked from it; with ``status``, only the sessions in one of them; with
-    ``since``, only those last active at or after it; with ``agent``, only those whose
-    latest run is of that agent."""
+    status: Sequence[str] | None,
+    since: datetime | None,
+    agent: str | None,
+    parent_session_id: str | None = None,
+) -> tuple[list[str], list[Any]]:
+    """The WHERE terms and their parameters of a listing's filters (see list_sessions)."""
     where: list[str] = ["status <> 'erased'"]
     params: list[Any] = []
     if status is not None:
@@ -90,12 +87,59 @@ def list_sessions(
     if agent is not None:
         where.append("json_extract(control, '$.agent') = ?")
         params.append(agent)
+    return where, params
+
+
+def list_sessions(
+    conn: sqlite3.Connection,
+    user_id: str | None,
+    any_user: bool,
+    status: Sequence[str] | None,
+    parent_session_id: str | None,
+    limit: int,
+    since: datetime | None = None,
+    agent: str | None = None,
+    after: SessionCursor | None = None,
+) -> list[SessionRecord]:
+    """Up to ``limit`` live (not erased) sessions of ``user_id`` (of every user when
+    ``any_user``), the most recently active first; with ``parent_session_id``, only the
+    sessions forked from it; with ``status``, only the sessions in one of them; with
+    ``since``, only those last active at or after it; with ``agent``, only those whose
+    latest run is of that agent; with ``after``, only those after it in the order
+    (updated_at DESC, user_id, session_id), which the listing indexes hold."""
+    where, params = _selecting(user_id, any_user, status, since, agent, parent_session_id)
+    if after is not None:
+        moment = ts(after.updated_at)
+        # the bound on updated_at alone is what the index seeks to; the rest drops the
+        # rows of the cursor's own moment up to it
+        where.append("updated_at <= ? AND (updated_at < ? OR (user_id, session_id) > (?, ?))")
+        params += [moment, moment, stored_user(after.user_id), after.session_id]
     rows = conn.execute(
         f"SELECT {', '.join(SESSION_FIELDS)} FROM loomflow_sessions WHERE {' AND '.join(where)} "
         "ORDER BY updated_at DESC, user_id, session_id LIMIT ?",
         (*params, limit),
     ).fetchall()
     return [session_from_row(row) for row in rows]
+
+
+def session_totals(
+    conn: sqlite3.Connection,
+    user_id: str | None,
+    any_user: bool,
+    status: Sequence[str] | None,
+    since: datetime | None = None,
+    agent: str | None = None,
+) -> SessionTotals:
+    """How many sessions ``list_sessions`` selects with these filters, and their usage
+    summed."""
+    where, params = _selecting(user_id, any_user, status, since, agent)
+    row = conn.execute(
+        "SELECT count(*), "
+        + ", ".join(f"coalesce(sum(usage ->> '$.{name}'), 0)" for name in USAGE_FIELDS)
+        + f" FROM loomflow_sessions WHERE {' AND '.join(where)}",
+        params,
+    ).fetchone()
+    return totals_from_row(row)
 
 
 def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> list[SessionRecord]:

@@ -135,6 +135,18 @@ JOURNAL = Migrations(
     CREATE INDEX loomflow_sessions_in_flight ON loomflow_sessions (status)
         WHERE status IN ('running', 'waiting', 'signalled');
     """,
+        # the listing's order (list_sessions and its pages after a cursor: updated_at newest
+        # first, then user and session), so a page reads only its rows and sorts nothing;
+        # they replace the indexes of updated_at, whose reverse scan orders the sessions of
+        # one moment by user and session descending
+        """
+    CREATE INDEX loomflow_sessions_listing
+        ON loomflow_sessions (updated_at DESC, user_id, session_id);
+    CREATE INDEX loomflow_sessions_user_listing
+        ON loomflow_sessions (user_id, updated_at DESC, session_id);
+    DROP INDEX loomflow_sessions_updated;
+    DROP INDEX loomflow_sessions_user_updated;
+    """,
     ),
 )
 
