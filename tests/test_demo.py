@@ -299,7 +299,13 @@ def test_the_logs_other_readers_count_every_session_of_the_demo(demo: tuple[Path
     with sqlite3.connect(db) as conn:
         events = conn.execute("SELECT count(*) FROM loomflow_events").fetchone()[0]
     assert f"loomflow audit: {events} events chained by hash into demo.audit.db" in out, out
-    assert out.rstrip().endswith("loomflow audit verify: 4 sessions match the log"), out
+    *_, verdict, console = out.rstrip().splitlines()
+    assert verdict == "loomflow audit verify: 4 sessions match the log", out
+    # and it ends with where to see it all: the console over this log, at the default address
+    assert console == (
+        "see every session, run, checkpoint and fork in the web console: "
+        f"loomflow ui --db {db}, then open http://127.0.0.1:8765/"
+    ), out
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,7 @@ from loomflow.schemas import (
     TurnAppended,
     new_id,
 )
+from loomflow.settings import Settings
 from loomflow_demo.assistant import (
     APPROVAL_SIGNAL,
     APPROVAL_TASK,
@@ -374,6 +375,15 @@ class Counted:
 
 
 @dataclass(frozen=True)
+class WebConsole:
+    """Where to look at all of it in a browser: the command that serves the web console
+    over the demo's log, and the address it listens on (the settings' defaults)."""
+
+    command: str
+    url: str
+
+
+@dataclass(frozen=True)
 class Audited:
     """What another reader of the log found: the audit trail, chained and verified."""
 
@@ -539,6 +549,7 @@ Step = (
     | WorkersStopped
     | Counted
     | Audited
+    | WebConsole
 )
 
 
@@ -702,6 +713,9 @@ class _Scenario:
         self.report(audited)
         if audited.verification.problems:
             raise DemoError(f"the audit trail does not match the log in {audited.trail}")
+        settings = Settings()
+        host = f"[{settings.ui_host}]" if ":" in settings.ui_host else settings.ui_host
+        self.report(WebConsole(f"loomflow ui --db {self.db}", f"http://{host}:{settings.ui_port}/"))
 
     async def _audit(self) -> Audited:
         """What `loomflow audit` then `loomflow audit verify` do, on this demo's log."""

@@ -45,6 +45,7 @@ from loomflow_demo.scenario import (
     TakenOver,
     Unattended,
     Waiting,
+    WebConsole,
     WorkerKilled,
     WorkersStarted,
     WorkersStopped,
@@ -151,6 +152,8 @@ class DemoView:
                 self._counted(step)
             case Audited():
                 self._audited(step)
+            case WebConsole():
+                self._web_console(step)
             case _:
                 assert_never(step)
 
@@ -375,6 +378,13 @@ class DemoView:
             else f"[red]loomflow audit verify: {check.problems} problems[/]"
         )
         self.console.print(verdict)
+
+    def _web_console(self, console: WebConsole) -> None:
+        self.console.print(
+            f"see every session, run, checkpoint and fork in the web console: "
+            f"[bold]{escape(console.command)}[/], then open {console.url}",
+            soft_wrap=True,
+        )
 
     def _summary(self, summary: Summary) -> None:
         resumed, forked = summary.resumed.result, summary.forked.result
