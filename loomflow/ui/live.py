@@ -21,9 +21,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from loomflow.control.status import status as status_of
 from loomflow.ui import views
-from loomflow.ui.app import templates
 from loomflow.ui.backend import Backend, StoreDown
 from loomflow.ui.pages import scope_of, session_url
+from loomflow.ui.render import templates
 
 __all__ = ["router"]
 

@@ -18,8 +18,8 @@ from loomflow.control import verbs
 from loomflow.control.refused import Missing, Refused
 from loomflow.control.status import STATUSES
 from loomflow.ui import views
-from loomflow.ui.app import page
 from loomflow.ui.backend import Backend, ConsoleConfig
+from loomflow.ui.render import page
 
 __all__ = ["router", "scope_of"]
 

@@ -595,7 +595,7 @@ async def test_a_factory_that_does_not_import_is_a_clear_error() -> None:
 
 
 def test_a_factory_that_gives_no_agents_is_a_clear_error() -> None:
-    from loomflow.cli.worker import load_agents
+    from loomflow.control.agents import load_agents
 
     for target in ("os:sep", "os:getpid", "tests.support.resume_worker"):
         with pytest.raises(ValueError, match=r"Agent|module:factory"):
