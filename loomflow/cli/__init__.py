@@ -78,6 +78,7 @@ EXTRA_OF_MODULE = {
     "uvicorn": "ui",
     "jinja2": "ui",
     "sse_starlette": "ui",
+    "python_multipart": "ui",
 }
 
 

@@ -11,9 +11,10 @@ from fastapi import APIRouter, Body, Header, Query, Request
 from pydantic import BaseModel, Field
 
 from loomflow.control import verbs
-from loomflow.control.refused import Refused
+from loomflow.control.refused import Missing
 from loomflow.ui import views
 from loomflow.ui.backend import Backend, ConsoleConfig
+from loomflow.ui.guard import Forbidden
 from loomflow.ui.pages import scope_of
 
 __all__ = ["router"]
@@ -54,11 +55,12 @@ def _backend(request: Request) -> Backend:
 
 
 def _writes(request: Request, csrf: str | None) -> None:
+    """Refuse (403) an action of a read-only console, or without the CSRF token."""
     config: ConsoleConfig = request.app.state.config
     if config.read_only:
-        raise Refused("this console is read-only (loomflow ui --read-only)", 2)
+        raise Forbidden("this console is read-only (loomflow ui --read-only): it takes no action")
     if not request.app.state.guard.csrf_ok(csrf):
-        raise Refused("X-CSRF-Token is missing or wrong: GET /api/csrf gives it", 2)
+        raise Forbidden("X-CSRF-Token is missing or wrong: GET /api/csrf gives it")
 
 
 @router.get("/csrf")
@@ -127,10 +129,19 @@ async def fork(
     """Fork the session from a checkpoint (``session.forked``); the new session's id."""
     _writes(request, x_csrf_token)
     scope = scope_of(request, session_id, user)
-    runtime = await _backend(request).writer()
-    return Forked(
-        session_id=await verbs.fork(runtime, scope, body.checkpoint_id, new_id=body.new_id)
-    )
+    backend = _backend(request)
+    runtime = await backend.writer()
+    try:
+        child = await verbs.fork(runtime, scope, body.checkpoint_id, new_id=body.new_id)
+    except Missing:
+        await verbs.session(await backend.runtime(), scope)  # the session itself is missing
+        store = await backend.store()
+        known = [c.checkpoint_id for c in await store.list_checkpoints(scope, 20)]
+        raise Missing(
+            f"no checkpoint {body.checkpoint_id} of {scope.describe()}; "
+            + (f"its checkpoints (newest first): {', '.join(known)}" if known else "it has none")
+        ) from None
+    return Forked(session_id=child)
 
 
 @router.post("/sessions/{session_id}/signal")

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomflow.control.refused import Refused
@@ -82,6 +84,8 @@ class Backend:
         self._writing: tuple[AsyncExitStack, Runtime] | None = None
         self._lock = asyncio.Lock()
         self.down = _down_errors()
+        #: (st_dev, st_ino) of the SQLite file opened
+        self._file: tuple[int, int] | None = None
 
     @property
     def embedded(self) -> bool:
@@ -90,9 +94,18 @@ class Backend:
     async def runtime(self) -> Runtime:
         """The runtime over the read model; StoreDown when it cannot be opened."""
         async with self._lock:
+            if self._reading is not None and not self._same_file():
+                # removed or replaced under the open store, whose reads would go on
+                # showing the old file: open what the path names now, or say it is gone
+                await self._drop()
             if self._reading is None:
                 self._reading = await self._open("read")
+                self._file = _identity(self.config.source.db)
             return self._reading[1]
+
+    def _same_file(self) -> bool:
+        """Whether the SQLite path still names the file opened (a PostgreSQL: True)."""
+        return self._file == _identity(self.config.source.db)
 
     async def store(self) -> DatabaseStore:
         from loomflow.runtime import DatabaseStore
@@ -135,14 +148,28 @@ class Backend:
     async def forget(self) -> None:
         """Drop the open runtimes (the store went down): the next request opens them."""
         async with self._lock:
-            held = [h for h in (self._reading, self._writing) if h is not None]
-            self._reading = self._writing = None
+            await self._drop()
+
+    async def _drop(self) -> None:
+        held = [h for h in (self._reading, self._writing) if h is not None]
+        self._reading = self._writing = None
         for stack, _ in held:
             with contextlib.suppress(Exception):  # closing what is down says nothing new
                 await stack.aclose()
 
     async def close(self) -> None:
         await self.forget()
+
+
+def _identity(path: Path | None) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the file at ``path``; None for no path, or no file there."""
+    if path is None:
+        return None
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino)
 
 
 def _said(exc: BaseException) -> str:

@@ -26,7 +26,9 @@ from ipaddress import ip_address
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-__all__ = ["COOKIE", "CSP", "Guard", "is_loopback"]
+from loomflow.control.refused import Refused
+
+__all__ = ["COOKIE", "CSP", "Forbidden", "Guard", "host_of", "is_loopback"]
 
 COOKIE = "loomflow_console"
 
@@ -37,6 +39,26 @@ CSP = (
 )
 
 _LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1", "[::1]"}
+
+
+class Forbidden(Refused):
+    """An action this console does not take (read-only, or without the CSRF token):
+    answered 403, nothing done."""
+
+
+def _same(given: str, secret: str) -> bool:
+    """``given == secret`` in constant time; any text (compare_digest refuses non-ASCII
+    strings, which a header or a form can hold)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode())
+
+
+def host_of(header: str) -> str:
+    """The host name of a Host header, without its port: ``[::1]:8765`` is ``[::1]``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        end = header.find("]")
+        return header[: end + 1] if end >= 0 else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def is_loopback(host: str) -> bool:
@@ -69,21 +91,20 @@ class Guard:
             return True
         given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(value.strip(), self.token):
+        if scheme.lower() == "bearer" and _same(value.strip(), self.token):
             return True
         cookie = request.cookies.get(COOKIE, "")
-        return bool(cookie) and hmac.compare_digest(cookie, self.token)
+        return bool(cookie) and _same(cookie, self.token)
 
     def csrf_ok(self, given: str | None) -> bool:
-        return given is not None and hmac.compare_digest(given, self.csrf)
+        """Whether ``given`` is this console's CSRF token."""
+        return given is not None and _same(given, self.csrf)
 
     async def __call__(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        host = (request.headers.get("host") or "").rsplit(":", 1)[0].lower()
-        if host.startswith("[") and "]" in host:
-            host = host[: host.index("]") + 1]
-        if self.loopback and host and not is_loopback(host):
+        host = host_of(request.headers.get("host") or "")
+        if self.loopback and not is_loopback(host):
             return PlainTextResponse(
                 f"this console answers on the loopback only, not as {host!r}", 421
             )
