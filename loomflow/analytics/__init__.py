@@ -7,7 +7,9 @@
   from the log by position (the file's SQL and migrations: ``projections/sqlite/stats.py``).
 - ``app``: the Kafka half, a faust app with its own consumer group and the reader of its
   table (needs the ``[kafka]`` extra; loaded only when named).
-- ``report``: one self-contained HTML page of either half's tables (``[report]`` extra).
+- ``colours``: one colour per model, user and token kind, for every chart of a page.
+- ``report``: one self-contained HTML page of either half's tables, and the charts the
+  web console draws too (``[report]`` extra).
 """
 
 from loomflow.analytics.tally import Counters, Stats

@@ -9,25 +9,26 @@ session the page names, each at an anchor of the page). Both the embedded path (
 journal's own read model) and the scaled one (PostgreSQL) serve the same reads.
 
 Every model, user and token kind has one colour on the whole page (:class:`Colours`).
-The charts are plotly figures; the page inlines plotly.js once (``include_plotlyjs=True``
+The charts are plotly figures (:func:`figures`, which the web console's analytics page
+draws too); the page inlines plotly.js once (``include_plotlyjs=True``
 on the first figure) and loads nothing else, so it opens offline, from a file or a mail
 attachment. Needs the ``[report]`` extra.
 """
 
 from __future__ import annotations
 
-import colorsys
 import html
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from loomflow.analytics.colours import TOKEN_KINDS, Colours
 from loomflow.analytics.tally import (
     NO_USER,
     Counters,
@@ -46,21 +47,18 @@ if TYPE_CHECKING:
     from loomflow.runtime import Runtime
 
 __all__ = [
+    "CHART_HEIGHT",
+    "PLOTLY_CONFIG",
+    "Chart",
     "Colours",
     "ReadModel",
     "SessionView",
+    "figures",
     "read_model",
     "refusal",
     "render_report",
     "write_report",
 ]
-
-_TOKEN_KINDS = (
-    ("input_tokens", "input"),
-    ("cached_input_tokens", "cached"),
-    ("cache_write_tokens", "cache write"),
-    ("output_tokens", "output"),
-)
 
 #: how many sessions the slowest-sessions table lists, and failed or stuck ones the
 #: table of them lists (the most recently active)
@@ -100,75 +98,6 @@ th:first-child, td:first-child { text-align: left; }
                                                        font-size: .85rem; }
 .transcript li.failed span { color: #9b1c1c; }
 """
-
-
-# --- colours --------------------------------------------------------------------------
-
-#: token kinds are shades of one blue (parts of one thing, stacked in a fixed order);
-#: models and users take the colours of two other sets in turn, by name
-_TOKEN_COLOURS = {
-    "input": "#08519c",
-    "cached": "#4292c6",
-    "cache write": "#9ecae1",
-    "output": "#0b8a8f",
-}
-_MODEL_COLOURS = (
-    "#d62728",
-    "#2ca02c",
-    "#ff7f0e",
-    "#9467bd",
-    "#e377c2",
-    "#8c564b",
-    "#bcbd22",
-    "#17becf",
-)
-_USER_COLOURS = (
-    "#7570b3",
-    "#e7298a",
-    "#66a61e",
-    "#e6ab02",
-    "#a6761d",
-    "#b2182b",
-    "#1b7837",
-    "#762a83",
-)
-
-
-def _generated(k: int) -> str:
-    """The k-th colour past a set's end: hues a golden angle apart, saturated."""
-    hue = (k * 0.618033988749895 + 0.11) % 1.0
-    r, g, b = colorsys.hls_to_rgb(hue, 0.42 + 0.1 * (k % 2), 0.75)
-    return f"#{round(r * 255):02x}{round(g * 255):02x}{round(b * 255):02x}"
-
-
-def _assign(names: Iterable[str], palette: Sequence[str], taken: set[str]) -> dict[str, str]:
-    colours: dict[str, str] = {}
-    free = (c for c in palette if c not in taken)
-    generated = (_generated(k) for k in range(1 << 30))
-    for name in sorted(set(names)):
-        colour = next(free, None)
-        while colour is None or colour in taken:
-            colour = next(generated)
-        taken.add(colour)
-        colours[name] = colour
-    return colours
-
-
-@dataclass(frozen=True)
-class Colours:
-    """One colour per model, per user and per token kind, for every chart of a page: no
-    two of them share a colour, so a colour means one thing wherever it is."""
-
-    model: Mapping[str, str]
-    user: Mapping[str, str]
-    token: Mapping[str, str] = field(default_factory=lambda: dict(_TOKEN_COLOURS))
-
-    @classmethod
-    def of(cls, stats: Stats) -> Colours:
-        taken = set(_TOKEN_COLOURS.values())
-        models = _assign((r.model for r in stats.rows), _MODEL_COLOURS, taken)
-        users = _assign((r.user for r in stats.rows), _USER_COLOURS, taken)
-        return cls(models, users)
 
 
 # --- what the read model says -----------------------------------------------------------
@@ -353,7 +282,25 @@ def _latency_over_time(
     return figure
 
 
-def _figures(stats: Stats, colours: Colours) -> list[tuple[str, go.Figure]]:
+@dataclass(frozen=True)
+class Chart:
+    """A chart of the page: its element id, its figure, and what its x axis counts by
+    (an hour, a model or a user), which says which sessions a bar or point stands for."""
+
+    name: str
+    figure: go.Figure
+    by: Literal["hour", "model", "user"]
+
+
+#: how every chart is drawn: plotly's own config, the same in the report and the console
+PLOTLY_CONFIG: Mapping[str, Any] = {"displaylogo": False, "responsive": True}
+CHART_HEIGHT = "380px"
+
+
+def figures(stats: Stats, colours: Colours) -> list[Chart]:
+    """The charts of ``stats`` (which must not be empty), in the page's order, each model,
+    user and token kind in its colour of ``colours``: cost, tokens and model-call latency
+    per hour, then cost and tokens per model and per user."""
     per_hour_model = stats.by_hour_and("model")
     hours = [parse_hour(h) for h in per_hour_model]
     cost_time = go.Figure(
@@ -379,20 +326,27 @@ def _figures(stats: Stats, colours: Colours) -> list[tuple[str, go.Figure]]:
                 [getattr(c, attr) for _, c in by_hour],
                 colours.token[label],
             )
-            for attr, label in _TOKEN_KINDS
+            for attr, label in TOKEN_KINDS
         ]
     )
-    figures = [
-        (
+    charts = [
+        Chart(
             "cost-over-time",
             _hour_axis(_dollars(_layout(cost_time, "Cost per hour, by model", "USD")), hours),
+            "hour",
         ),
-        (
+        Chart(
             "tokens-over-time",
             _hour_axis(_layout(tokens_time, "Tokens per hour, by kind", "tokens"), hours),
+            "hour",
         ),
-        ("latency-over-time", _hour_axis(_latency_over_time(per_hour_model, colours), hours)),
+        Chart(
+            "latency-over-time",
+            _hour_axis(_latency_over_time(per_hour_model, colours), hours),
+            "hour",
+        ),
     ]
+    dimension: Literal["model", "user"]
     for dimension in ("model", "user"):
         groups = stats.by(dimension)
         labels = [label for label, _ in groups]
@@ -416,16 +370,24 @@ def _figures(stats: Stats, colours: Colours) -> list[tuple[str, go.Figure]]:
                     y=[getattr(c, attr) for _, c in groups],
                     marker={"color": colours.token[label]},
                 )
-                for attr, label in _TOKEN_KINDS
+                for attr, label in TOKEN_KINDS
             ]
         )
-        figures.append(
-            (f"cost-per-{dimension}", _dollars(_layout(cost, f"Cost per {dimension}", "USD")))
+        charts.append(
+            Chart(
+                f"cost-per-{dimension}",
+                _dollars(_layout(cost, f"Cost per {dimension}", "USD")),
+                dimension,
+            )
         )
-        figures.append(
-            (f"tokens-per-{dimension}", _layout(tokens, f"Tokens per {dimension}", "tokens"))
+        charts.append(
+            Chart(
+                f"tokens-per-{dimension}",
+                _layout(tokens, f"Tokens per {dimension}", "tokens"),
+                dimension,
+            )
         )
-    return figures
+    return charts
 
 
 def _anchor(user_id: str | None, session_id: str) -> str:
@@ -649,15 +611,15 @@ def render_report(
     ]
     if read_model is not None:  # what went wrong, beside the totals that count it
         parts.append(_troubled(read_model, since))
-    for index, (name, figure) in enumerate(_figures(stats, colours)):
+    for index, chart in enumerate(figures(stats, colours)):
         parts.append(
             pio.to_html(
-                figure,
+                chart.figure,
                 full_html=False,
                 include_plotlyjs=index == 0,  # inline once; no CDN, no network
-                div_id=name,
-                default_height="380px",
-                config={"displaylogo": False, "responsive": True},
+                div_id=chart.name,
+                default_height=CHART_HEIGHT,
+                config=dict(PLOTLY_CONFIG),
             ).replace("<div>", '<div class="chart">', 1)
         )
     parts += [_tools(total), _slowest(stats, read_model)]

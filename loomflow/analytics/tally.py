@@ -61,6 +61,8 @@ __all__ = [
     "hour_start",
     "ms_text",
     "since_text",
+    "stats_json",
+    "summary_json",
 ]
 
 Dimension = Literal["model", "user", "hour"]
@@ -587,6 +589,16 @@ class Stats:
             sessions=[s for s in self.sessions if s.last_at >= start],
         )
 
+    def of_user(self, user: str) -> Stats:
+        """Only what ``user`` did (a user's id, or NO_USER): the rows and sessions filed
+        under them. What was skipped is the whole log's, no one user's: it is left off."""
+        return replace(
+            self,
+            rows=[r for r in self.rows if r.user == user],
+            sessions=[s for s in self.sessions if s.user == user],
+            skipped={},
+        )
+
     def by(self, dimension: Dimension) -> list[tuple[str, Counters]]:
         """Rows summed per model, user or hour: hours in time order, the others by
         cost, highest first."""
@@ -657,3 +669,30 @@ class Stats:
             dict(skipped),
             source,
         )
+
+
+def summary_json(counters: Counters) -> dict[str, Any]:
+    """A row of ``loomflow stats --json`` (and of the console's ``/api/analytics``): the
+    counters, tool calls, and latency as p50 and p95 instead of the histogram."""
+    data = counters.to_json()
+    del data["latency"]
+    data.update(
+        tool_calls=counters.tool_calls,
+        latency_p50_ms=counters.latency.quantile(0.5),
+        latency_p95_ms=counters.latency.quantile(0.95),
+    )
+    return data
+
+
+def stats_json(stats: Stats, by: Dimension, *, since: datetime | None = None) -> dict[str, Any]:
+    """What ``loomflow stats --json --by BY`` prints: a row per model, user or hour, the
+    totals, and the records not counted. ``since``: where ``stats`` was cut."""
+    return {
+        "source": stats.source,
+        # the start of the first hour counted: the tables are hourly
+        "since": None if since is None else hour_start(since).isoformat(),
+        "by": by,
+        "rows": [{by: label, **summary_json(c)} for label, c in stats.by(by)],
+        "totals": summary_json(stats.totals()),
+        "skipped": dict(stats.skipped),
+    }

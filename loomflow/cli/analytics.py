@@ -21,7 +21,7 @@ from loomflow.control.source import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
     from loomflow.analytics.report import ReadModel
-    from loomflow.analytics.tally import Counters, Stats
+    from loomflow.analytics.tally import Stats
     from loomflow.cli.render import Cell
 
 __all__ = ["NAMES", "add_parser"]
@@ -153,7 +153,9 @@ def _stats(args: argparse.Namespace) -> int:
     if args.json:
         import orjson
 
-        data = _as_json(stats, args.by, since=args.since)
+        from loomflow.analytics.tally import stats_json
+
+        data = stats_json(stats, args.by, since=args.since)
         print(orjson.dumps(data, option=orjson.OPT_INDENT_2).decode())
         return 0
     if stats.empty:
@@ -161,30 +163,6 @@ def _stats(args: argparse.Namespace) -> int:
         return 0
     _print_tables(stats, args.by, "" if args.since is None else _period(args), wide=args.wide)
     return 0
-
-
-def _as_json(stats: Stats, by: str, *, since: datetime | None = None) -> dict[str, Any]:
-    from loomflow.analytics.tally import hour_start
-
-    def row(counters: Counters) -> dict[str, Any]:
-        data = counters.to_json()
-        del data["latency"]
-        data.update(
-            tool_calls=counters.tool_calls,
-            latency_p50_ms=counters.latency.quantile(0.5),
-            latency_p95_ms=counters.latency.quantile(0.95),
-        )
-        return data
-
-    return {
-        "source": stats.source,
-        # the start of the first hour counted: the tables are hourly
-        "since": None if since is None else hour_start(since).isoformat(),
-        "by": by,
-        "rows": [{by: label, **row(c)} for label, c in stats.by(by)],  # type: ignore[arg-type]
-        "totals": row(stats.totals()),
-        "skipped": dict(stats.skipped),
-    }
 
 
 def _print_tables(stats: Stats, by: str, period: str, *, wide: bool) -> None:

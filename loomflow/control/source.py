@@ -196,25 +196,32 @@ class Source:
     def stats(self, stats_db: Path | None, *, warn: Callable[[str], None]) -> Stats:
         """Every hour of the analytics tables: an embedded log's (in ``stats_db``, default
         beside it), brought up to date with the log first, or the Kafka tables `loomflow
-        analytics` keeps. ``warn`` is told what they leave uncounted."""
+        analytics` keeps. ``warn`` is told what they leave uncounted. For a command: it
+        runs its own event loop (:meth:`read_stats` is the same, awaited)."""
+        import asyncio
+
+        return asyncio.run(self.read_stats(stats_db, warn=warn))
+
+    async def read_stats(self, stats_db: Path | None, *, warn: Callable[[str], None]) -> Stats:
+        """:meth:`stats`, in a running event loop (the web console's)."""
         import asyncio
 
         if self.db is not None:
             from loomflow.analytics import embedded
 
-            progress = asyncio.run(embedded.update(self.db, stats_db))
+            progress = await embedded.update(self.db, stats_db)
             if progress.skipped:
                 warn(
                     f"{progress.skipped} of {progress.records} new log records were not "
                     "counted (see the warnings above)"
                 )
             path = stats_db or embedded.stats_path(self.db)
-            return embedded.load(path, source=f"journal {self.db}")
+            return await asyncio.to_thread(embedded.load, path, source=f"journal {self.db}")
         from loomflow.analytics.app import lag, read_stats
 
         settings = self._scaled
-        stats = asyncio.run(read_stats(settings))
-        behind = asyncio.run(lag(settings))
+        stats = await read_stats(settings)
+        behind = await lag(settings)
         if behind:
             warn(
                 f"group {settings.analytics_group} has {behind} records of "

@@ -22,7 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from loomflow.control.refused import Missing, Refused
 from loomflow.errors import LoomflowError, StoreError
 from loomflow.runtime import ANY_USER
-from loomflow.ui import api, live, pages
+from loomflow.ui import analytics, api, live, pages
 from loomflow.ui.backend import Backend, ConsoleConfig, StoreDown
 from loomflow.ui.guard import Forbidden, Guard, is_loopback
 from loomflow.ui.render import page
@@ -62,6 +62,7 @@ def create_app(config: ConsoleConfig, guard: Guard | None = None) -> FastAPI:
     app.include_router(pages.router)
     app.include_router(api.router)
     app.include_router(live.router)
+    app.include_router(analytics.router)
 
     async def store_down(request: Request, exc: Exception) -> Response:
         # whatever is open may be broken: the next request opens the store again

@@ -528,9 +528,9 @@ async def _report_at_scale(
 
 def _reported_stats(stats: Stats) -> dict[str, Any]:
     """``reported`` of the library's Stats, as ``stats --json`` would print them."""
-    from loomflow.cli.analytics import _as_json
+    from loomflow.analytics.tally import stats_json
 
-    return reported(_as_json(stats, "model"))
+    return reported(stats_json(stats, "model"))
 
 
 def _user_env(env: KafkaEnv) -> dict[str, str]:
