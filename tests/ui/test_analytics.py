@@ -42,7 +42,7 @@ from loomflow.schemas import Event, Message, RunFinished, RunStarted, TurnAppend
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.ui import ConsoleConfig, create_app
 from tests.support.analytics import record_runs
-from tests.support.console import console, served
+from tests.support.console_app import console, served
 from tests.support.kafka_env import KafkaEnv, ProcessorProcess
 from tests.support.waiting import eventually
 

@@ -223,6 +223,7 @@ def test_an_unknown_sessions_page_is_a_404_page_linking_to_the_list(client: Test
 def test_the_openapi_description_names_every_route_of_the_api(client: TestClient) -> None:
     spec = client.get("/api/openapi.json").json()
     assert set(spec["paths"]) == {
+        "/api/analytics",
         "/api/csrf",
         "/api/sessions",
         "/api/sessions/{session_id}",

@@ -395,6 +395,7 @@ def test_every_page_loads_only_from_the_console_and_runs_only_its_own_script(
             "/",
             "/?status=waiting&status=stuck",
             "/tail",
+            "/analytics",
             *(f"/sessions/{s}?user={u or ''}" for s, u in journal.zoo.values()),
             f"/sessions/{journal.hostile}?user=alice",
             f"/sessions/{journal.waiting[0]}?user=alice",
@@ -430,7 +431,13 @@ def test_every_page_loads_only_from_the_console_and_runs_only_its_own_script(
         links.feed(html)
         assert links.urls, path
         assert all(_same_origin(url) for url in links.urls), (path, links.urls)
-        assert links.scripts == [{"src": "/static/console.js", "defer": None}], path
+        ours = [{"src": "/static/console.js", "defer": None}]
+        if path == "/analytics":  # its figures as data, plotly served from here, its drawing
+            data, plotly, charts = links.scripts[1:]
+            assert data == {"type": "application/json", "id": "figures"}, path
+            assert str(plotly["src"]).startswith("/vendor/plotly-"), path
+            ours += [data, plotly, {"src": "/static/charts.js", "defer": None}]
+        assert links.scripts == ours, path
         assert links.handlers == [], path
         assert "<style" not in html and " style=" not in html, path  # the CSP has no inline
     # nor do the templates and static files name anything elsewhere
