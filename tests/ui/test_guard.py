@@ -433,7 +433,7 @@ def test_every_page_loads_only_from_the_console_and_runs_only_its_own_script(
         assert all(_same_origin(url) for url in links.urls), (path, links.urls)
         ours = [{"src": "/static/console.js", "defer": None}]
         if path == "/analytics":  # its figures as data, plotly served from here, its drawing
-            data, plotly, charts = links.scripts[1:]
+            data, plotly = links.scripts[1:3]
             assert data == {"type": "application/json", "id": "figures"}, path
             assert str(plotly["src"]).startswith("/vendor/plotly-"), path
             ours += [data, plotly, {"src": "/static/charts.js", "defer": None}]
