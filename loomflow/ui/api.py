@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Header, Query, Request
+from fastapi import APIRouter, Body, Header, Request
 from pydantic import BaseModel, Field
 
 from loomflow.control import verbs
 from loomflow.control.refused import Missing
 from loomflow.ui import views
-from loomflow.ui.backend import Backend, ConsoleConfig
+from loomflow.ui.backend import ConsoleConfig
 from loomflow.ui.guard import Forbidden
 from loomflow.ui.pages import scope_of
+from loomflow.ui.params import ListFilters, backend_of
 
 __all__ = ["router"]
 
@@ -49,11 +50,6 @@ class CancelBody(BaseModel):
     reason: str = ""
 
 
-def _backend(request: Request) -> Backend:
-    backend: Backend = request.app.state.backend
-    return backend
-
-
 def _writes(request: Request, csrf: str | None) -> None:
     """Refuse (403) an action of a read-only console, or without the CSRF token."""
     config: ConsoleConfig = request.app.state.config
@@ -72,10 +68,7 @@ async def csrf(request: Request) -> Csrf:
 @router.get("/sessions")
 async def sessions(
     request: Request,
-    user: str | None = None,
-    status: Annotated[list[str] | None, Query()] = None,
-    since: str | None = None,
-    agent: str | None = None,
+    filters: ListFilters,
     cursor: str | None = None,
     limit: int = views.PAGE,
 ) -> views.SessionsPage:
@@ -83,8 +76,7 @@ async def sessions(
     next. ``user``: a user's id, empty for the sessions of no user, absent for every
     user's; ``status``: the statuses of ``loomflow sessions ls --status``; ``since``: an
     ISO time or an age (``30m``)."""
-    filters = views.Filters.of(user=user, status=status or [], since=since, agent=agent)
-    backend = _backend(request)
+    backend = backend_of(request)
     return await views.sessions_page(
         await backend.store(),
         filters,
@@ -101,7 +93,7 @@ async def session(
     """A session: its row, transcript, runs, events (the newest), checkpoints, fork tree,
     wait and inbox."""
     scope = scope_of(request, session_id, user)
-    backend = _backend(request)
+    backend = backend_of(request)
     return await views.session_detail(
         await backend.runtime(), scope, await backend.store(), await backend.trail()
     )
@@ -113,7 +105,7 @@ async def events(
 ) -> list[views.EventItem]:
     """The session's events after seq ``after``, oldest first."""
     scope = scope_of(request, session_id, user)
-    backend = _backend(request)
+    backend = backend_of(request)
     runtime = await backend.runtime()
     await verbs.session(runtime, scope)
     store = await backend.store()
@@ -131,7 +123,7 @@ async def fork(
     """Fork the session from a checkpoint (``session.forked``); the new session's id."""
     _writes(request, x_csrf_token)
     scope = scope_of(request, session_id, user)
-    backend = _backend(request)
+    backend = backend_of(request)
     runtime = await backend.writer()
     try:
         child = await verbs.fork(runtime, scope, body.checkpoint_id, new_id=body.new_id)
@@ -157,7 +149,7 @@ async def signal(
     """Send a signal (``signal.sent``) with a JSON value; its seq."""
     _writes(request, x_csrf_token)
     scope = scope_of(request, session_id, user)
-    runtime = await _backend(request).writer()
+    runtime = await backend_of(request).writer()
     await verbs.session(runtime, scope)
     return Sent(seq=await verbs.signal(runtime, scope, body.name, body.data))
 
@@ -173,6 +165,6 @@ async def cancel(
     """Cancel the session's run (``run.cancelled``); the event's seq."""
     _writes(request, x_csrf_token)
     scope = scope_of(request, session_id, user)
-    runtime = await _backend(request).writer()
+    runtime = await backend_of(request).writer()
     _, seq = await verbs.cancel(runtime, scope, body.reason or "cancelled through the console")
     return Sent(seq=seq)

@@ -24,6 +24,7 @@ from loomflow.control.status import status as status_of
 from loomflow.ui import views
 from loomflow.ui.backend import Backend, StoreDown
 from loomflow.ui.pages import scope_of, session_url
+from loomflow.ui.params import ListFilters, backend_of
 from loomflow.ui.render import templates
 
 __all__ = ["router"]
@@ -45,7 +46,7 @@ async def session(
 ) -> EventSourceResponse:
     """The session's events after seq ``after``, and its status line when it changes."""
     scope = scope_of(request, session_id, user)
-    backend: Backend = request.app.state.backend
+    backend = backend_of(request)
     poll = backend.config.poll_seconds
     await verbs.session(await backend.runtime(), scope)  # not there (or another's): 404
 
@@ -104,18 +105,12 @@ def _transcript(event: Any, names: dict[str, str]) -> list[tuple[str, str]]:
 
 @router.get("/sessions")
 async def sessions(
-    request: Request,
-    user: str | None = None,
-    status: Annotated[list[str] | None, Query()] = None,
-    since: str | None = None,
-    agent: str | None = None,
-    shown: datetime | None = None,
+    request: Request, filters: ListFilters, shown: datetime | None = None
 ) -> EventSourceResponse:
     """The rows of the list's sessions that changed since the page was drawn at
     ``shown`` (else since the stream began): their new status, turns and cost, new
     sessions first, under the list's filters."""
-    filters = views.Filters.of(user=user, status=status or [], since=since, agent=agent)
-    backend: Backend = request.app.state.backend
+    backend = backend_of(request)
     poll = backend.config.poll_seconds
 
     failing: tuple[type[BaseException], ...] = (StoreDown, *backend.down)
@@ -166,7 +161,7 @@ async def tail(
 ) -> EventSourceResponse:
     """The log's records from now on, of the given types (``run.*`` takes a family) and
     session, each as a row of the tail page."""
-    backend: Backend = request.app.state.backend
+    backend = backend_of(request)
     types = [t for value in type or [] for t in value.split(",") if t.strip()]
     config = backend.config
 

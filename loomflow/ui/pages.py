@@ -9,27 +9,24 @@ same page with what went wrong and what was typed (nothing lost, nothing done).
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Query, Request
+from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from loomflow.control import verbs
 from loomflow.control.refused import Missing, Refused
 from loomflow.control.status import STATUSES
 from loomflow.ui import views
-from loomflow.ui.backend import Backend, ConsoleConfig
+from loomflow.ui.backend import ConsoleConfig
+from loomflow.ui.params import ListFilters, backend_of
 from loomflow.ui.render import page
 
 __all__ = ["router", "scope_of"]
 
 router = APIRouter(include_in_schema=False)
-
-
-def _backend(request: Request) -> Backend:
-    backend: Backend = request.app.state.backend
-    return backend
 
 
 def scope_of(request: Request, session_id: str, user: str | None) -> Any:
@@ -69,18 +66,14 @@ def session_url(session_id: str, user_id: str | None, **query: Any) -> str:
 @router.get("/", response_class=HTMLResponse)
 async def sessions(
     request: Request,
-    user: str | None = None,
-    status: Annotated[list[str] | None, Query()] = None,
-    since: str | None = None,
-    agent: str | None = None,
+    filters: ListFilters,
     cursor: str | None = None,
     limit: int = views.PAGE,
 ) -> Response:
     # the form's empty user field means every user's sessions (in the API, "" names the
     # sessions run without a user)
-    user = user or None
-    filters = views.Filters.of(user=user, status=status or [], since=since, agent=agent)
-    backend = _backend(request)
+    filters = replace(filters, user=filters.user or None)
+    backend = backend_of(request)
     # before the rows are read: the live stream sends each row that changed since
     shown = datetime.now(UTC)
     listing = await views.sessions_page(
@@ -96,7 +89,8 @@ async def sessions(
         {
             "page": listing,
             "filters": filters,
-            "raw": {"user": user or "", "since": since or "", "agent": agent or ""},
+            # what was typed, shown again in the form (``since`` as written: 30m)
+            "raw": {k: request.query_params.get(k, "") for k in ("user", "since", "agent")},
             "statuses": STATUSES,
             # new and changed rows come live to the first page only (a later one is a
             # page of older sessions, after its cursor)
@@ -124,7 +118,7 @@ async def _session_page(
     status_code: int = 200,
 ) -> Response:
     scope = scope_of(request, session_id, user)
-    backend = _backend(request)
+    backend = backend_of(request)
     runtime = await backend.runtime()
     detail = await views.session_detail(
         runtime, scope, await backend.store(), await backend.trail()
@@ -188,7 +182,7 @@ async def _action(
     try:
         _writes(request, csrf)
         scope = scope_of(request, session_id, user)
-        runtime = await _backend(request).writer()
+        runtime = await backend_of(request).writer()
         return await act(runtime, scope)  # type: ignore[no-any-return]
     except _Forbidden as exc:
         return await _session_page(
