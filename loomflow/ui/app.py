@@ -9,6 +9,7 @@ that says so and tries again; it never takes the console down.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,6 +44,12 @@ def create_app(config: ConsoleConfig, guard: Guard | None = None) -> FastAPI:
         try:
             yield
         finally:
+            # a retry still running stops here, as in any process that ends: its run is
+            # left for a worker after its lease
+            running = list(app.state.tasks)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
             await backend.close()
 
     app = FastAPI(
@@ -55,6 +62,9 @@ def create_app(config: ConsoleConfig, guard: Guard | None = None) -> FastAPI:
         redoc_url=None,
     )
     app.state.backend = backend
+    #: the retries running in this process, and what became of each (by user/session)
+    app.state.tasks = set()
+    app.state.retries = {}
     app.state.guard = guard
     app.state.config = config
     app.middleware("http")(guard)

@@ -124,7 +124,7 @@ async def _session_page(
         runtime, scope, await backend.store(), await backend.trail()
     )
     done = request.query_params.get("done")
-    retries: dict[str, str] = request.app.state.__dict__.setdefault("retries", {})
+    retries: dict[str, str] = request.app.state.retries
     return page(
         request,
         "session.html",
@@ -255,8 +255,8 @@ async def retry(
     csrf: Annotated[str | None, Form()] = None,
 ) -> Response:
     config: ConsoleConfig = request.app.state.config
-    retries: dict[str, str] = request.app.state.__dict__.setdefault("retries", {})
-    tasks: set[asyncio.Task[Any]] = request.app.state.__dict__.setdefault("tasks", set())
+    retries: dict[str, str] = request.app.state.retries
+    tasks: set[asyncio.Task[Any]] = request.app.state.tasks
 
     async def act(runtime: Any, scope: Any) -> Response:
         if config.agent is None:
