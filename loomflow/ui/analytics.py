@@ -284,7 +284,7 @@ async def analytics_page(request: Request, since: str | None = None) -> Response
     except ModuleNotFoundError:
         return _unavailable(
             request,
-            "The charts need plotly: install loomflow-durable[report] (the numbers are at "
+            "The charts need plotly: install loomflow-durable[ui] (the numbers are at "
             "/api/analytics without it).",
             moment,
         )
@@ -378,7 +378,7 @@ def _vendored(tag: str) -> Any:
 
         files = plotly_files()
     except ModuleNotFoundError:
-        raise Missing("plotly is not installed: install loomflow-durable[report]") from None
+        raise Missing("plotly is not installed: install loomflow-durable[ui]") from None
     if tag != files.tag:
         raise Missing(f"no plotly {tag} here; this console serves plotly {files.version}")
     return files

@@ -81,7 +81,7 @@ def _css(source: str) -> str:
 @functools.cache
 def plotly_files() -> PlotlyFiles:
     """The installed plotly's files, read once; ModuleNotFoundError without plotly (the
-    ``[report]`` extra)."""
+    ``[report]`` and ``[ui]`` extras)."""
     version, script = _bundle()
     source = script.decode("utf-8", "replace")
     markers = tuple(dict.fromkeys(m.group(1) for m in _INJECTED.finditer(source)))
