@@ -250,10 +250,35 @@ def test_make_demo_runs_in_a_clone_and_leaves_only_ignored_files(tmp_path: Path)
 
     done = _run(demo.argv, clone, env)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
-    assert done.stdout.rstrip().endswith("sessions match the log"), done.stdout[-3000:]
+    *_, verdict, console = done.stdout.rstrip().splitlines()
+    assert verdict.endswith("sessions match the log"), done.stdout[-3000:]
     assert (clone / "loomflow-demo.db").is_file()
+    # it ends with the console over its log: the command it prints serves it, as printed
+    shown = re.search(r"(loomflow ui --db \S+), then open (http://\S+)$", console)
+    assert shown is not None, console
+    command, url = shown.groups()
+    assert command == "loomflow ui --db loomflow-demo.db" and url == "http://127.0.0.1:8765/"
+    _console_serves([str(BIN / "loomflow"), *command.split()[1:]], clone, env, url)
     status = _run(["git", "status", "--porcelain", "--untracked-files=all"], clone, env)
     assert status.stdout == "", f"make demo leaves files git does not ignore:\n{status.stdout}"
+
+
+def _console_serves(argv: list[str], cwd: Path, env: dict[str, str], url: str) -> None:
+    """``argv`` (a ``loomflow ui``) says it listens at ``url``, lists sessions there, and
+    stops on Ctrl-C."""
+    import signal
+    import urllib.request
+
+    console = subprocess.Popen(argv, cwd=cwd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert console.stderr is not None
+        said = console.stderr.readline()
+        assert f"loomflow console on {url} " in said, said
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.status == 200 and 'href="/sessions/sess01' in page.read().decode()
+    finally:
+        console.send_signal(signal.SIGINT)
+        assert console.wait(30) == 0
 
 
 @pytest.mark.slow

@@ -715,7 +715,9 @@ class _Scenario:
             raise DemoError(f"the audit trail does not match the log in {audited.trail}")
         settings = Settings()
         host = f"[{settings.ui_host}]" if ":" in settings.ui_host else settings.ui_host
-        self.report(WebConsole(f"loomflow ui --db {self.db}", f"http://{host}:{settings.ui_port}/"))
+        self.report(
+            WebConsole(f"loomflow ui --db {_typed(self.db)}", f"http://{host}:{settings.ui_port}/")
+        )
 
     async def _audit(self) -> Audited:
         """What `loomflow audit` then `loomflow audit verify` do, on this demo's log."""
