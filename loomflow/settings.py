@@ -92,13 +92,19 @@ class Settings(BaseSettings):
     ``LOOMFLOW_UI_HOST``, ``LOOMFLOW_UI_PORT``  where ``loomflow ui`` listens (default
                                               127.0.0.1:8765)
     ``LOOMFLOW_UI_TOKEN``                     the token ``loomflow ui`` asks for (a header
-                                              or its cookie); unset, it makes one when it
-                                              listens beyond the loopback
+                                              or its cookie), 16 characters at least;
+                                              unset, it makes one when it listens beyond
+                                              the loopback
     ========================================  =================================================
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="LOOMFLOW_", frozen=True, extra="forbid", populate_by_name=True
+        env_prefix="LOOMFLOW_",
+        frozen=True,
+        extra="forbid",
+        populate_by_name=True,
+        # a refused value is never echoed: a DSN's password, a console's token
+        hide_input_in_errors=True,
     )
 
     kafka_bootstrap: str = "127.0.0.1:9092"

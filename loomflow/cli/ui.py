@@ -39,7 +39,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "sets in the browser. Ctrl-C stops.",
     )
     which = ui.add_mutually_exclusive_group()
-    which.add_argument("--db", type=Path, metavar="PATH", help="the SQLite file of a SqliteRuntime")
+    which.add_argument(
+        "--db", type=Path, metavar="PATH", help="the SQLite file of a SqliteRuntime (it must exist)"
+    )
     which.add_argument(
         "--dsn",
         metavar="URL",
@@ -100,6 +102,14 @@ def _ui(args: argparse.Namespace) -> int:
 
     settings = read_settings()
     if settings is None:
+        return 2
+    if args.db is not None and not args.db.is_file():
+        # as every command that reads a store: it opens one, it does not wait for one
+        what = "is a directory" if args.db.is_dir() else "does not exist"
+        print(
+            f"loomflow ui: --db {args.db} {what}: name the SQLite file of a SqliteRuntime",
+            file=sys.stderr,
+        )
         return 2
     try:
         source = Source.of(args.db, dsn=args.dsn, schema=args.schema)
@@ -191,7 +201,11 @@ async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
             "tools send Authorization: Bearer $LOOMFLOW_UI_TOKEN"
         )
         if settings.ui_token is None:
-            lines.append("the token was made for this run: set LOOMFLOW_UI_TOKEN to give tools one")
+            # a browser signs in once per link; tools (and another browser, by its
+            # Authorization header) need the token itself, shown here to who started it
+            lines.append(
+                f"the token, made for this run (set LOOMFLOW_UI_TOKEN to keep one): {token}"
+            )
     # one write: a reader of this output finds the link with the address
     sys.stderr.write("".join(f"{line}\n" for line in lines))
     sys.stderr.flush()

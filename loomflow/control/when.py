@@ -19,8 +19,11 @@ def parse_when(text: str, now: datetime | None = None) -> datetime:
     # --before takes, and datetime.fromisoformat reads every ISO form since 3.11.
     age = _AGE.fullmatch(text.strip())
     if age is not None:
-        delta = timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
-        return (now or datetime.now(UTC)) - delta
+        try:
+            delta = timedelta(**{_UNITS[age.group(2)]: int(age.group(1))})
+            return (now or datetime.now(UTC)) - delta
+        except OverflowError:
+            raise ValueError(f"{text!r} is further back than any date") from None
     try:
         moment = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -45,6 +45,7 @@ from loomflow.errors import LoomflowError
 from loomflow.runtime import ANY_USER
 from loomflow.ui.backend import ConsoleConfig, StoreDown
 from loomflow.ui.render import page
+from loomflow.ui.views import NO_USER as NO_USER_FILTER
 
 if TYPE_CHECKING:
     from loomflow.analytics.report import Chart
@@ -152,7 +153,7 @@ def _hour_url(at: Any) -> str:
 
 def _user_url(label: str, since: datetime | None) -> str:
     """The sessions of the user the tables file as ``label`` ("(none)": of no user)."""
-    return _list_url(user="" if label == NO_USER else label, since=_period(since))
+    return _list_url(user=NO_USER_FILTER if label == NO_USER else label, since=_period(since))
 
 
 def _session_url(user: str, session_id: str) -> str:

@@ -73,8 +73,8 @@ async def sessions(
     limit: int = views.PAGE,
 ) -> views.SessionsPage:
     """A page of sessions, the most recently active first; ``next_cursor`` gives the
-    next. ``user``: a user's id, empty for the sessions of no user, absent for every
-    user's; ``status``: the statuses of ``loomflow sessions ls --status``; ``since``: an
+    next. ``user``: a user's id, ``-`` for the sessions of no user, empty or absent for
+    every user's; ``status``: the statuses of ``loomflow sessions ls --status``; ``since``: an
     ISO time or an age (``30m``)."""
     backend = backend_of(request)
     return await views.sessions_page(

@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from loomflow.control.refused import Missing, Refused
 from loomflow.errors import LoomflowError, StoreError
@@ -105,6 +106,18 @@ def create_app(config: ConsoleConfig, guard: Guard | None = None) -> FastAPI:
         if _wants_json(request):
             return JSONResponse({"error": message}, code)
         return page(request, "refused.html", {"message": message, "code": code}, code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def no_route(request: Request, exc: StarletteHTTPException) -> Response:
+        # a path or method the console has not: said as its other refusals are
+        if exc.status_code == 404:
+            message = f"no page at {request.url.path}; the console's pages are linked from /"
+        else:
+            message = str(exc.detail)
+        if _wants_json(request):
+            return JSONResponse({"error": message}, exc.status_code, headers=exc.headers)
+        context = {"message": message, "code": exc.status_code}
+        return page(request, "refused.html", context, exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def malformed(request: Request, exc: RequestValidationError) -> Response:

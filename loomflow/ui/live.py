@@ -21,6 +21,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from loomflow.control import verbs
 from loomflow.control.status import status as status_of
+from loomflow.errors import StoreError
 from loomflow.ui import views
 from loomflow.ui.backend import Backend, StoreDown
 from loomflow.ui.pages import scope_of, session_url
@@ -42,9 +43,15 @@ def _sse(event: str, html: str) -> ServerSentEvent:
 
 @router.get("/sessions/{session_id}")
 async def session(
-    request: Request, session_id: str, user: str | None = None, after: int = 0
+    request: Request,
+    session_id: str,
+    user: str | None = None,
+    after: int = 0,
+    drawn: str | None = None,
 ) -> EventSourceResponse:
-    """The session's events after seq ``after``, and its status line when it changes."""
+    """The session's events after seq ``after``, and its status line when it changes
+    (saying, once it is no longer the ``drawn`` one the page was drawn in, that the
+    page's runs, fork tree and waits are as they were then)."""
     scope = scope_of(request, session_id, user)
     backend = backend_of(request)
     poll = backend.config.poll_seconds
@@ -82,7 +89,8 @@ async def session(
                 if state != shown:
                     shown = state
                     yield _sse(
-                        "status", _fragment("_session_status.html", s=views.session_item(row))
+                        "status",
+                        _fragment("_session_status.html", s=views.session_item(row), drawn=drawn),
                     )
             await asyncio.sleep(poll)
 
@@ -162,7 +170,9 @@ async def tail(
     """The log's records from now on, of the given types (``run.*`` takes a family) and
     session, each as a row of the tail page."""
     backend = backend_of(request)
-    types = [t for value in type or [] for t in value.split(",") if t.strip()]
+    types = views.tail_types(type or [])
+    if session:
+        scope_of(request, session, None)  # an id, or 404
     config = backend.config
 
     def keep(event: Any) -> bool:
@@ -188,21 +198,37 @@ async def tail(
                 ),
             )
             return
-        reader = source.reader(start="end")
-        try:
-            await reader.open()
-            # from here on every record appended is shown: the page says it follows
-            yield ServerSentEvent(data="{}", event="following")
-            while not await request.is_disconnected():
-                for record in await reader.read(wait=config.poll_seconds):
-                    event = record.event
-                    if event is None or not keep(event):
-                        continue
-                    yield _sse("record", _fragment("_tail_row.html", r=record, e=event))
-        finally:
-            await reader.close()
+        failing = _log_down(backend)
+        said: str | None = None
+        while not await request.is_disconnected():
+            reader = source.reader(start="end")
+            try:
+                await reader.open()
+                # from here on every record appended is shown: the page says it follows
+                yield ServerSentEvent(data="{}", event="following")
+                if said is not None:
+                    said = None
+                    yield _sse("down", _fragment("_down.html", message=None))
+                while not await request.is_disconnected():
+                    for record in await reader.read(wait=config.poll_seconds):
+                        event = record.event
+                        if event is None or not keep(event):
+                            continue
+                        yield _sse("record", _fragment("_tail_row.html", r=record, e=event))
+            except failing as exc:  # the log is gone or does not answer: say so, once
+                if said != str(exc):
+                    said = str(exc)
+                    yield _sse("down", _fragment("_down.html", message=said))
+                await asyncio.sleep(config.poll_seconds * 4)
+            finally:
+                await reader.close()
 
     return EventSourceResponse(stream(), ping=15)
+
+
+def _log_down(backend: Backend) -> tuple[type[BaseException], ...]:
+    """What reading the log raises when it is gone or does not answer."""
+    return (*backend.down, StoreError)
 
 
 async def _kafka_fed(backend: Backend) -> bool:

@@ -9,11 +9,10 @@ same page with what went wrong and what was typed (nothing lost, nothing done).
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Form, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from loomflow.control import verbs
@@ -70,9 +69,6 @@ async def sessions(
     cursor: str | None = None,
     limit: int = views.PAGE,
 ) -> Response:
-    # the form's empty user field means every user's sessions (in the API, "" names the
-    # sessions run without a user)
-    filters = replace(filters, user=filters.user or None)
     backend = backend_of(request)
     # before the rows are read: the live stream sends each row that changed since
     shown = datetime.now(UTC)
@@ -218,12 +214,14 @@ async def signal(
     request: Request,
     session_id: str,
     name: Annotated[str, Form()],
-    payload: Annotated[str, Form()] = "null",
+    payload: Annotated[str, Form()] = "",
     user: Annotated[str | None, Form()] = None,
     csrf: Annotated[str | None, Form()] = None,
 ) -> Response:
     async def act(runtime: Any, scope: Any) -> Response:
-        data = verbs.parse_payload(payload or "null")
+        if not payload.strip():  # a placeholder read as a default would send null
+            raise Refused("the payload is empty: type null to send none; nothing was sent", 2)
+        data = verbs.parse_payload(payload)
         await verbs.session(runtime, scope)
         await verbs.signal(runtime, scope, name, data)
         return RedirectResponse(session_url(scope.session_id, scope.user_id, done="signal"), 303)
@@ -313,6 +311,13 @@ async def erase(
 
 
 @router.get("/tail", response_class=HTMLResponse)
-async def tail(request: Request, type: str = "", session: str = "") -> Response:
-    query = {k: v for k, v in (("type", type), ("session", session)) if v}
-    return page(request, "tail.html", {"raw": {"type": type, "session": session}, "query": query})
+async def tail(
+    request: Request,
+    type: Annotated[list[str] | None, Query()] = None,
+    session: str = "",
+) -> Response:
+    types = ", ".join(views.tail_types(type or []))
+    if session:
+        scope_of(request, session, None)  # an id, or 404
+    query = {k: v for k, v in (("type", types), ("session", session)) if v}
+    return page(request, "tail.html", {"raw": {"type": types, "session": session}, "query": query})

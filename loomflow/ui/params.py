@@ -27,8 +27,8 @@ def list_filters(
     agent: str | None = None,
 ) -> views.Filters:
     """The list's filters from the query string; Refused (400) naming what is wrong.
-    ``user``: a user's id, empty for the sessions run without a user, absent for every
-    user's; ``status``: statuses as ``loomflow sessions ls --status`` takes them, repeated
+    ``user``: a user's id, ``-`` for the sessions run without a user, empty or absent
+    for every user's; ``status``: statuses as ``loomflow sessions ls --status`` takes them, repeated
     or comma-separated; ``since``: an ISO time or an age (``30m``)."""
     return views.Filters.of(user=user, status=status or [], since=since, agent=agent)
 

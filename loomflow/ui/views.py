@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "NO_USER",
     "AuditView",
     "CheckpointItem",
     "EventItem",
@@ -45,8 +46,11 @@ __all__ = [
     "session_detail",
     "session_item",
     "sessions_page",
+    "tail_types",
 ]
 
+#: the list's ``user`` filter for the sessions run without a user (no id starts with "-")
+NO_USER = "-"
 #: rows of a page of the session list, unless the request asks for another count
 PAGE = 50
 #: the most rows a page gives
@@ -63,7 +67,9 @@ _FROZEN = ConfigDict(frozen=True)
 class Filters:
     """The filters of the session list, as ``sessions ls`` takes them: ``user`` is a
     user's id, ``""`` for the sessions run without a user, None for every user's (the
-    console's scope narrows it further)."""
+    console's scope narrows it further). In a query string the sessions run without a
+    user are ``user=-`` (NO_USER), and an empty ``user`` is every user's, as the list's
+    form leaves it."""
 
     user: str | None = None
     statuses: tuple[str, ...] = ()
@@ -84,8 +90,9 @@ class Filters:
         from loomflow.schemas import validate_id
 
         statuses = tuple(
-            sorted({name for value in status for name in value.split(",") if name.strip()})
+            sorted({name.strip() for value in status for name in value.split(",") if name.strip()})
         )
+        user = "" if user == NO_USER else (user or None)
         unknown = [name for name in statuses if name not in STATUSES]
         if unknown:
             raise Refused(f"unknown status {', '.join(unknown)}: one of {', '.join(STATUSES)}", 2)
@@ -108,7 +115,7 @@ class Filters:
         """These filters as a query string's values (the links of the next page)."""
         values: dict[str, str] = {}
         if self.user is not None:
-            values["user"] = self.user
+            values["user"] = self.user or NO_USER
         if self.statuses:
             values["status"] = ",".join(self.statuses)
         if self.since is not None:
@@ -312,9 +319,14 @@ async def sessions_page(
     if cursor:
         try:
             after = SessionCursor.decode(cursor)
-        except ValueError as exc:
-            raise Refused(f"cursor: {exc}", 2) from None
-    limit = max(1, min(limit, MAX_PAGE))
+        except ValueError:
+            raise Refused(
+                "cursor: not the cursor of a page of this list; follow the list's next-page "
+                "link (or next_cursor of /api/sessions) unchanged",
+                2,
+            ) from None
+    if not 1 <= limit <= MAX_PAGE:
+        raise Refused(f"limit: a whole number from 1 to {MAX_PAGE}, not {limit}", 2)
     rows = await verbs.matching(
         store,
         user_id=user_id,
@@ -509,3 +521,17 @@ def event_item(event: Event) -> EventItem:
         epoch=event.epoch,
         summary=describe(event),
     )
+
+
+def tail_types(given: list[str]) -> list[str]:
+    """The event types a tail keeps (``run.*`` a family), as ``loomflow tail --type``
+    takes them, repeated or comma-separated; Refused (400) for one no event has."""
+    from loomflow.log.describe import event_types
+
+    known = event_types()
+    types = [t.strip() for value in given for t in value.split(",") if t.strip()]
+    for kind in types:
+        family = kind.endswith(".*") and any(k.startswith(kind[:-1]) for k in known)
+        if kind not in known and not family:
+            raise Refused(f"type: no event is of type {kind!r}; they are {', '.join(known)}", 2)
+    return types

@@ -76,7 +76,9 @@ def test_a_bad_flag_is_exit_2_with_what_is_wrong(cli: Cli, argv: list[str], says
 def test_a_bad_combination_is_exit_2_before_it_listens(
     cli: Cli, tmp_path: Path, argv: list[str], says: str
 ) -> None:
-    done = cli("ui", "--db", str(tmp_path / "journal.db"), *argv)
+    db = tmp_path / "journal.db"
+    db.touch()  # there, so that what is refused is the combination
+    done = cli("ui", "--db", str(db), *argv)
     assert done.code == 2 and done.err.startswith(says), done.err
     assert "loomflow console on" not in done.err
 
@@ -169,13 +171,17 @@ def test_beyond_the_loopback_it_asks_for_a_token_the_login_link_sets_once(
     with ui_process(tmp_path, "--db", str(journal.db), "--host", host, "--port", "0") as ui:
         port = urlsplit(ui.url).port
         assert port and ui.login is not None, ui.stderr()
-        assert "the token was made for this run" in ui.stderr()
+        made = re.search(r"the token, made for this run .*: (\S+)$", ui.stderr(), re.M)
+        assert made is not None, ui.stderr()
         base = f"http://{own_address()}:{port}"
         assert urlsplit(ui.url).hostname == (host if host != "0.0.0.0" else socket.gethostname())
         for path in ("/", "/api/sessions", "/static/console.js", f"/sessions/{journal.hostile}"):
             answer = httpx.get(f"{base}{path}")
             assert answer.status_code == 401, (path, answer.text)
             assert "needs its token" in answer.text
+        # the token it printed is a tool's bearer token
+        bearer = {"Authorization": f"Bearer {made.group(1)}"}
+        assert httpx.get(f"{base}/api/sessions", headers=bearer).status_code == 200
         login = urlsplit(ui.login)
         link = f"{base}{login.path}?{login.query}"
         with httpx.Client(follow_redirects=True) as browser:

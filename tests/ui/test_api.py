@@ -121,7 +121,7 @@ def test_filters_by_user_agent_and_since_combine_and_page(
 ) -> None:
     bob = everything(client, limit=1, user="bob")
     assert {r["session_id"] for r in bob} == {*journal.bob, journal.zoo["abandoned"][0], "live"}
-    nobody = everything(client, limit=2, user="")
+    nobody = everything(client, limit=2, user="-")
     assert {r["user_id"] for r in nobody} == {None}
     assert {"inv-7", "inv-8", "inv-9"} <= {r["session_id"] for r in nobody}
     billing = everything(client, limit=2, agent="billing")
@@ -136,8 +136,8 @@ def test_filters_by_user_agent_and_since_combine_and_page(
 @pytest.mark.parametrize(
     ("query", "says"),
     [
-        ({"cursor": "not-a-cursor"}, "cursor: not a session cursor token"),
-        ({"cursor": "W10"}, "cursor: not a session cursor token"),  # base64 of []
+        ({"cursor": "not-a-cursor"}, "cursor: not the cursor of a page of this list"),
+        ({"cursor": "W10"}, "cursor: not the cursor of a page of this list"),  # base64 of []
         ({"status": "sleeping"}, "unknown status sleeping: one of running, abandoned"),
         ({"since": "yesterdayish"}, "since: 'yesterdayish' is neither an ISO date"),
         ({"user": "a b"}, "user id"),

@@ -105,7 +105,7 @@ class DemoView:
             case WorkerStarted():
                 self.console.print(
                     f"started worker [bold]pid {step.pid}[/]: python -m {WORKER_MODULE} "
-                    "…\n  agent.run(task, session_id={step.session_id})"
+                    f"…\n  agent.run(task, session_id={step.session_id})"
                 )
             case EventBase():
                 self._event(step)

@@ -87,8 +87,9 @@ function connect(element) {
 function wrongIn(field) {
   const text = field.value.trim();
   if (field.dataset.json) {
+    if (!text) return `${field.dataset.json} is empty: type null to send none; nothing was sent`;
     try {
-      if (text) JSON.parse(text);
+      JSON.parse(text);
     } catch (error) {
       return `${field.dataset.json} is not JSON (${error.message}): nothing was sent`;
     }
