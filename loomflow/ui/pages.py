@@ -20,6 +20,7 @@ from loomflow.control.refused import Missing, Refused
 from loomflow.control.status import STATUSES
 from loomflow.ui import views
 from loomflow.ui.backend import ConsoleConfig
+from loomflow.ui.guard import Forbidden
 from loomflow.ui.params import ListFilters, backend_of
 from loomflow.ui.render import page
 
@@ -155,13 +156,9 @@ def _writes(request: Request, csrf: str | None) -> None:
     """Refuse an action of a read-only console, or without the CSRF token."""
     config: ConsoleConfig = request.app.state.config
     if config.read_only:
-        raise _Forbidden("this console is read-only (loomflow ui --read-only)")
+        raise Forbidden("this console is read-only (loomflow ui --read-only)")
     if not request.app.state.guard.csrf_ok(csrf):
-        raise _Forbidden("the form's CSRF token is missing or stale: reload the page")
-
-
-class _Forbidden(Refused):
-    """Answered 403."""
+        raise Forbidden("the form's CSRF token is missing or stale: reload the page")
 
 
 async def _action(
@@ -180,7 +177,7 @@ async def _action(
         scope = scope_of(request, session_id, user)
         runtime = await backend_of(request).writer()
         return await act(runtime, scope)  # type: ignore[no-any-return]
-    except _Forbidden as exc:
+    except Forbidden as exc:
         return await _session_page(
             request, session_id, user, error=str(exc), typed=typed, status_code=403
         )
