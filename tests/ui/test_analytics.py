@@ -29,7 +29,6 @@ import plotly.io as pio
 import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
-from playwright.sync_api import sync_playwright
 
 from loomflow.analytics.app import read_stats
 from loomflow.analytics.colours import Colours
@@ -42,6 +41,7 @@ from loomflow.schemas import Event, Message, RunFinished, RunStarted, TurnAppend
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.ui import ConsoleConfig, create_app
 from tests.support.analytics import record_runs
+from tests.support.browser import launched
 from tests.support.console_app import console, served
 from tests.support.kafka_env import KafkaEnv, ProcessorProcess
 from tests.support.waiting import eventually
@@ -437,16 +437,6 @@ async def test_on_kafka_the_page_reads_the_analytics_apps_tables(kafka_env: Kafk
 
 # --- in a browser ----------------------------------------------------------------------
 
-CHROMIUM_FLAGS = [
-    "--no-sandbox",  # CI runs as root
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 
 def _inked(png: bytes) -> int:
     """Pixels in a saturated colour: bars and lines, not background, grid or text."""
@@ -458,53 +448,45 @@ def _inked(png: bytes) -> int:
 def test_in_chromium_the_charts_draw_and_a_bar_opens_its_sessions(
     journal: Path, tmp_path: Path
 ) -> None:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
-        pytest.fail("Chromium is not installed: run dev/chromium.sh (Debian's chromium package)")
     copy = tmp_path / "journal.db"
     shutil.copy(journal, copy)
     app = create_app(ConsoleConfig(source=Source(db=copy)))
-    with served(app) as base, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            errors: list[str] = []
-            requests: list[str] = []
+    with served(app) as base, launched() as browser:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        requests: list[str] = []
 
-            def logged(message: Any) -> None:
-                # the console has no icon yet: the browser's own look for one is not the page's
-                if message.type == "error" and not message.location.get("url", "").endswith(
-                    "/favicon.ico"
-                ):
-                    errors.append(message.text)
+        def logged(message: Any) -> None:
+            # the console has no icon yet: the browser's own look for one is not the page's
+            if message.type == "error" and not message.location.get("url", "").endswith(
+                "/favicon.ico"
+            ):
+                errors.append(message.text)
 
-            page.on("console", logged)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(f"{base}/analytics")
-            page.wait_for_function(
-                f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= "
-                f"{2 * len(CHARTS)}",
-                timeout=30_000,
-            )
-            for chart in CHARTS:
-                drawn = _inked(page.locator(f"#{chart}").screenshot())
-                assert drawn > 1_000, f"chart {chart} has {drawn} coloured pixels: not drawn"
-            assert errors == [], errors
-            assert requests and all(u.startswith(f"{base}/") for u in requests), requests
-            # a click on a user's bar opens that user's sessions
-            links = page.evaluate(
-                "JSON.parse(document.getElementById('figures').textContent).charts"
-                ".find(c => c.name === 'cost-per-user').links[0]"
-            )
-            bar = page.locator("#cost-per-user .trace.bars path").first
-            bar.scroll_into_view_if_needed()
-            box = bar.bounding_box()
-            assert box is not None
-            page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
-            page.wait_for_url(f"{base}{links[0]}", timeout=10_000)
-            assert page.locator("h1").inner_text() == "Sessions"
-            assert errors == [], errors
-            assert all(u.startswith(f"{base}/") for u in requests), requests
-        finally:
-            browser.close()
+        page.on("console", logged)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(f"{base}/analytics")
+        page.wait_for_function(
+            f"document.querySelectorAll('.js-plotly-plot .main-svg').length >= {2 * len(CHARTS)}",
+            timeout=30_000,
+        )
+        for chart in CHARTS:
+            drawn = _inked(page.locator(f"#{chart}").screenshot())
+            assert drawn > 1_000, f"chart {chart} has {drawn} coloured pixels: not drawn"
+        assert errors == [], errors
+        assert requests and all(u.startswith(f"{base}/") for u in requests), requests
+        # a click on a user's bar opens that user's sessions
+        links = page.evaluate(
+            "JSON.parse(document.getElementById('figures').textContent).charts"
+            ".find(c => c.name === 'cost-per-user').links[0]"
+        )
+        bar = page.locator("#cost-per-user .trace.bars path").first
+        bar.scroll_into_view_if_needed()
+        box = bar.bounding_box()
+        assert box is not None
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+        page.wait_for_url(f"{base}{links[0]}", timeout=10_000)
+        assert page.locator("h1").inner_text() == "Sessions"
+        assert errors == [], errors
+        assert all(u.startswith(f"{base}/") for u in requests), requests
