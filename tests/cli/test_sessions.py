@@ -20,7 +20,6 @@ import pytest
 
 from loomflow import Agent, Tuning, new_id
 from loomflow.cli import main
-from loomflow.errors import ModelError
 from loomflow.models import ScriptedModel
 from loomflow.projections.fold import CheckpointRow
 from loomflow.runtime import (
@@ -462,20 +461,8 @@ def test_retry_takes_a_stuck_run_over_once_and_resume_continues_it_with_a_prompt
 ) -> None:
     db = tmp_path / "journal.db"
 
-    async def park() -> None:  # a first attempt and a worker's last one fail: parked
-        async with SqliteRuntime(db) as runtime:
-            agent = lifecycle.researcher(replies=1, runtime=runtime)
-            with pytest.raises(ModelError):
-                await agent.run("How many people live in Oslo?", session_id="oslo")
-            row = await runtime.session(Scope("oslo"))
-            assert row is not None
-            with pytest.raises(ModelError):
-                await agent.take_over(
-                    "oslo", user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
-                )
-
     lifecycle.TOOL_RUNS.clear()
-    asyncio.run(park())
+    asyncio.run(lifecycle.park(db))  # a first attempt and a worker's last one fail
     assert lifecycle.TOOL_RUNS["Oslo"] == 1
     assert "oslo" in cli("sessions", "ls", "--db", str(db), "--stuck").out
     retry = ["sessions", "retry", "oslo", "--db", str(db), "--agent"]

@@ -10,11 +10,12 @@ runtime's run options: here one checkpoint kept per session, which the tests can
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from loomflow import Agent, Message, Tuning, wait_for_signal
 from loomflow.models import ScriptedModel
-from loomflow.runtime import InProcRuntime, Runtime
+from loomflow.runtime import InProcRuntime, Runtime, Scope, SqliteRuntime
 
 #: the researcher's tool calls that ran in this process, by city
 TOOL_RUNS: Counter[str] = Counter()
@@ -80,3 +81,22 @@ def others() -> list[Agent]:
         Agent("x", model=ScriptedModel(["?"]), runtime=_own_runtime(), name=name)
         for name in ("billing", "support")
     ]
+
+
+async def park(db: Path, session_id: str = "oslo") -> None:
+    """A researcher's run on ``db`` whose first attempt and a worker's last one fail on a
+    script too short: the run is parked (stuck), its tool already run once."""
+    import pytest
+
+    from loomflow.errors import ModelError
+
+    async with SqliteRuntime(db) as runtime:
+        agent = researcher(replies=1, runtime=runtime)
+        with pytest.raises(ModelError):
+            await agent.run("How many people live in Oslo?", session_id=session_id)
+        row = await runtime.session(Scope(session_id))
+        assert row is not None
+        with pytest.raises(ModelError):
+            await agent.take_over(
+                session_id, user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
+            )

@@ -8,29 +8,12 @@ import asyncio
 import re
 from pathlib import Path
 
-import pytest
-
-from loomflow.errors import ModelError
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import RunStarted
 from tests.support import lifecycle
 from tests.support.console_app import console, until
 
 LIFECYCLE = "tests.support.lifecycle"
-
-
-async def _park(db: Path) -> None:
-    """A first attempt and a worker's last one fail: the run is parked (stuck)."""
-    async with SqliteRuntime(db) as runtime:
-        agent = lifecycle.researcher(replies=1, runtime=runtime)
-        with pytest.raises(ModelError):
-            await agent.run("How many people live in Oslo?", session_id="oslo")
-        row = await runtime.session(Scope("oslo"))
-        assert row is not None
-        with pytest.raises(ModelError):
-            await agent.take_over(
-                "oslo", user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
-            )
 
 
 def _status(db: Path) -> str | None:
@@ -51,7 +34,7 @@ def _csrf(html: str) -> str:
 def test_retry_in_the_console_takes_the_stuck_run_over_with_its_agents(tmp_path: Path) -> None:
     db = tmp_path / "journal.db"
     lifecycle.TOOL_RUNS.clear()
-    asyncio.run(_park(db))
+    asyncio.run(lifecycle.park(db))
     assert _status(db) == "stuck"
 
     with console(db) as client:  # no --agent: it says how instead
