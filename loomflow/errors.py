@@ -22,6 +22,8 @@ __all__ = [
     "SerializationError",
     "SessionBusyError",
     "SessionErasedError",
+    "SignatureError",
+    "SigningKeyError",
     "SessionNotFoundError",
     "SignalRefusedError",
     "SignalTimeoutError",
@@ -107,6 +109,17 @@ class SequenceConflictError(InvalidEventError):
 
 class SessionErasedError(InvalidEventError):
     """The session was erased; nothing can be appended to it again."""
+
+
+class SignatureError(InvalidEventError):
+    """An event (or an audit digest) that is unsigned where signatures are required, or
+    whose signature does not verify: made by a key the keyring does not hold, by a
+    retired key after its retirement, or over other bytes than the event's."""
+
+
+class SigningKeyError(LoomflowError, ValueError):
+    """A signing key or keyring that cannot be used: missing, unreadable or malformed.
+    The message names the setting or file, never the key's secret."""
 
 
 class SessionNotFoundError(LoomflowError, LookupError):

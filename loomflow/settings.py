@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 from typing import Any
 
 from pydantic import (
@@ -24,8 +25,10 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from loomflow.errors import SigningKeyError
 from loomflow.schemas.codec import Serializer
 from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
+from loomflow.schemas.signing import Keyring, SignatureMode, Signatures, Signer
 
 __all__ = ["Settings"]
 
@@ -95,6 +98,24 @@ class Settings(BaseSettings):
                                               or its cookie), 16 characters at least;
                                               unset, it makes one when it listens beyond
                                               the loopback
+    ``LOOMFLOW_SIGNING_KEY_FILE``             the Ed25519 private key (PEM, from
+                                              ``loomflow keys new``) this process signs
+                                              every event it appends and every audit digest
+                                              with; unset, it signs nothing
+    ``LOOMFLOW_SIGNING_KEY``                  the same key given as text (its PEM, or its
+                                              32-byte seed in base64), for a secret store
+    ``LOOMFLOW_KEYRING``                      the public keys readers trust (a JSON file
+                                              ``loomflow keys`` keeps); unset, only the
+                                              signing key's own
+    ``LOOMFLOW_SIGNATURES``                   ``off``, ``check`` (count an unsigned or
+                                              mis-signed event, accept it) or ``require``
+                                              (refuse it, to the dead letters); default
+                                              ``require`` with a key or keyring, else ``off``
+    ``LOOMFLOW_AUDIT_DIGESTS``                where ``loomflow audit`` writes its signed
+                                              digests: a directory, ``kafka:<topic>`` or
+                                              ``-`` (standard output); unset, none
+    ``LOOMFLOW_AUDIT_DIGEST_EVENTS``,         a digest after this many audited records
+    ``LOOMFLOW_AUDIT_DIGEST_SECONDS``         (default 10000) or seconds (default 3600)
     ========================================  =================================================
     """
 
@@ -135,6 +156,13 @@ class Settings(BaseSettings):
     ui_host: str = "127.0.0.1"
     ui_port: int = Field(default=8765, ge=0, le=65535)
     ui_token: SecretStr | None = Field(default=None, min_length=16)
+    signing_key_file: Path | None = None
+    signing_key: SecretStr | None = None
+    keyring: Path | None = None
+    signatures: SignatureMode | None = None
+    audit_digests: str | None = None
+    audit_digest_events: int = Field(default=10_000, ge=1)
+    audit_digest_seconds: float = Field(default=3600.0, gt=0)
 
     @field_validator("kafka_bootstrap", "postgres_dsn")
     @classmethod
@@ -201,6 +229,11 @@ class Settings(BaseSettings):
                 f"({self.topic_replication}): Kafka would refuse every append; set "
                 "LOOMFLOW_TOPIC_MIN_INSYNC_REPLICAS at most LOOMFLOW_TOPIC_REPLICATION"
             )
+        if self.signing_key_file is not None and self.signing_key is not None:
+            raise ValueError(
+                "both LOOMFLOW_SIGNING_KEY_FILE and LOOMFLOW_SIGNING_KEY are set: give the "
+                "signing key once"
+            )
         if self.pool_min_size > self.pool_max_size:
             raise ValueError(
                 f"pool_min_size ({self.pool_min_size}) is more than pool_max_size "
@@ -253,6 +286,34 @@ class Settings(BaseSettings):
     @property
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.events.dlq"
+
+    def signer(self) -> Signer | None:
+        """The signing key of ``signing_key_file`` or ``signing_key``; None when neither
+        is set. Raises :class:`~loomflow.errors.SigningKeyError` naming the setting."""
+        if self.signing_key_file is not None:
+            return Signer.from_file(self.signing_key_file)
+        if self.signing_key is not None:
+            return Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
+        return None
+
+    def signatures_policy(self) -> Signatures:
+        """What every reader of the log does with signatures (:class:`Signatures`): the
+        keyring file's keys, else the signing key's own; ``signatures`` unset is
+        ``require`` when there is either, ``off`` otherwise."""
+        if self.keyring is not None:
+            keyring: Keyring | None = Keyring.load(self.keyring)
+        else:
+            signer = self.signer()
+            keyring = None if signer is None else Keyring.of(signer.trusted())
+        mode = self.signatures or ("off" if keyring is None else "require")
+        if mode == "off":
+            return Signatures()
+        if keyring is None:
+            raise SigningKeyError(
+                f"LOOMFLOW_SIGNATURES={mode} needs the keys to check against: set "
+                "LOOMFLOW_KEYRING (or a signing key, whose own key is then trusted)"
+            )
+        return Signatures(mode, keyring)
 
     def describe(self) -> str:
         """Where this process looks, for error messages (the DSN without its password)."""

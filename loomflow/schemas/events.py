@@ -39,6 +39,7 @@ __all__ = [
     "SessionErased",
     "SessionForked",
     "SignalSent",
+    "Signature",
     "StepRecorded",
     "ToolRef",
     "TranscriptCompacted",
@@ -57,6 +58,25 @@ MAX_SIGNAL_BYTES = 64 * 1024
 _FROZEN = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
+def _optional(**constraints: Any) -> Any:
+    """An optional field left out of the JSON while unset: events written before it
+    existed decode as they did, and events that do not set it do not grow."""
+    return Field(default=None, exclude_if=_unset, **constraints)
+
+
+class Signature(BaseModel):
+    """A writer's signature of an event (:mod:`loomflow.schemas.signing`): the id of the
+    key that made it and the Ed25519 signature, base64url without padding."""
+
+    model_config = _FROZEN
+    key: str = Field(min_length=1, max_length=80)
+    value: str = Field(min_length=1, max_length=200)
+
+
 class EventBase(BaseModel):
     """The envelope every event shares."""
 
@@ -70,19 +90,12 @@ class EventBase(BaseModel):
     seq: int = Field(ge=1)
     epoch: int = Field(ge=0)
     at: datetime = Field(default_factory=utcnow)
+    #: the writer's signature when it has a signing key (None, and absent from the JSON,
+    #: otherwise): it covers every other field, scope and seq included
+    sig: Signature | None = _optional()
 
 
 # --- payloads -------------------------------------------------------------------------
-
-
-def _unset(value: object) -> bool:
-    return value is None
-
-
-def _optional(**constraints: Any) -> Any:
-    """An optional field left out of the JSON while unset: events written before it
-    existed decode as they did, and events that do not set it do not grow."""
-    return Field(default=None, exclude_if=_unset, **constraints)
 
 
 class ToolRef(BaseModel):

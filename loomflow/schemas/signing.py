@@ -1,0 +1,322 @@
+"""Signatures of events and of audit digests: Ed25519, with key ids and rotation.
+
+A writer with a signing key signs each event it appends: the signature covers the
+event's canonical bytes (:func:`signed_bytes`: every field but ``sig``, so its scope,
+seq, epoch and payload), and names the key by its id. A reader of the log checks the
+signature against a :class:`Keyring` of public keys, so a verifier never holds what can
+forge: Ed25519 rather than an HMAC, whose one shared secret would let every auditor and
+consumer sign as a writer. A key is rotated by adding the new one to the keyring and
+retiring the old one from a moment on; a retired key's signature holds only on what it
+signed before then.
+
+:class:`Signatures` is the one rule every reader applies (the projector, the audit, every
+consumer of :mod:`loomflow.log`): ``off`` checks nothing, ``check`` counts what fails,
+``require`` refuses it with a :class:`~loomflow.errors.SignatureError` naming the key
+id, the session and the seq.
+
+``cryptography`` is imported when a key is first used: a log without signatures never
+loads it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import orjson
+
+from loomflow.errors import SignatureError, SigningKeyError
+from loomflow.schemas.clock import utcnow
+from loomflow.schemas.events import EventBase, Signature
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
+
+__all__ = [
+    "DIGEST_DOMAIN",
+    "EVENT_DOMAIN",
+    "NO_SIGNATURES",
+    "Keyring",
+    "SignatureMode",
+    "Signatures",
+    "Signer",
+    "TrustedKey",
+    "key_id_of",
+    "signed_bytes",
+]
+
+E = TypeVar("E", bound=EventBase)
+
+#: what each kind of signed bytes starts with, so that a signature of one kind (an event)
+#: can never be passed off as another (a digest)
+EVENT_DOMAIN = b"loomflow.event.v1\n"
+DIGEST_DOMAIN = b"loomflow.digest.v1\n"
+
+#: ``off``: signatures are not looked at; ``check``: a missing or bad one is counted and
+#: the event accepted; ``require``: it is refused
+SignatureMode = Literal["off", "check", "require"]
+
+
+def signed_bytes(event: EventBase) -> bytes:
+    """What an event's signature covers: its canonical JSON (every field but ``sig``,
+    sorted keys), the same however the log stored it."""
+    body = event.model_dump(mode="json", exclude={"sig"})
+    return EVENT_DOMAIN + orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _raw_public(public: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def key_id_of(public: Ed25519PublicKey) -> str:
+    """A key's id: derived from the public key, so an id can never name another key."""
+    return "ed25519:" + hashlib.sha256(_raw_public(public)).hexdigest()[:16]
+
+
+class Signer:
+    """A writer's signing key: signs events and digests, naming itself by its key id."""
+
+    def __init__(self, private: Ed25519PrivateKey) -> None:
+        self._private = private
+        self.public = private.public_key()
+        self.key_id = key_id_of(self.public)
+
+    def __repr__(self) -> str:  # never the key itself
+        return f"Signer({self.key_id})"
+
+    @classmethod
+    def generate(cls) -> Signer:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_text(cls, text: str, where: str) -> Signer:
+        """The key in ``text``: a PEM private key (what ``loomflow keys new`` writes) or
+        its 32-byte seed in base64. ``where`` names the setting or file for errors."""
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        text = text.strip()
+        try:
+            if text.startswith("-----BEGIN"):
+                key = serialization.load_pem_private_key(text.encode(), password=None)
+            else:
+                key = Ed25519PrivateKey.from_private_bytes(_unb64(text))
+        except (ValueError, TypeError, binascii.Error) as exc:
+            raise SigningKeyError(
+                f"the signing key in {where} is not an Ed25519 private key (a PEM file "
+                f"from `loomflow keys new`, or a base64 32-byte seed): {type(exc).__name__}"
+            ) from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise SigningKeyError(
+                f"the signing key in {where} is a {type(key).__name__}, not Ed25519"
+            )
+        return cls(key)
+
+    @classmethod
+    def from_file(cls, path: Path) -> Signer:
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read the signing key file {path}: {exc}") from None
+        return cls.from_text(text, str(path))
+
+    def pem(self) -> bytes:
+        """The private key as an unencrypted PKCS#8 PEM (keep it as a secret)."""
+        from cryptography.hazmat.primitives import serialization
+
+        return self._private.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
+    def write(self, path: Path) -> None:
+        """Write the private key to a new file only its owner can read."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise SigningKeyError(f"{path} exists: a key file is never overwritten") from None
+        with os.fdopen(fd, "wb") as out:
+            out.write(self.pem())
+
+    def sign(self, data: bytes) -> Signature:
+        return Signature(key=self.key_id, value=_b64(self._private.sign(data)))
+
+    def sign_event(self, event: E) -> E:
+        """The event with this key's signature (a signature it had is replaced)."""
+        return event.model_copy(update={"sig": self.sign(signed_bytes(event))})
+
+    def trusted(self, added_at: datetime | None = None) -> TrustedKey:
+        """This key as a keyring holds it (its public half)."""
+        return TrustedKey(self.key_id, self.public, added_at or utcnow(), None)
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """A public key of a keyring: valid for what was signed at or before ``retired_at``
+    (None: not retired)."""
+
+    key_id: str
+    public: Ed25519PublicKey
+    added_at: datetime
+    retired_at: datetime | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.key_id,
+            "public": _b64(_raw_public(self.public)),
+            "added_at": self.added_at.isoformat(),
+            "retired_at": None if self.retired_at is None else self.retired_at.isoformat(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, where: str) -> TrustedKey:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            public = Ed25519PublicKey.from_public_bytes(_unb64(data["public"]))
+            added = datetime.fromisoformat(data["added_at"])
+            retired = data.get("retired_at")
+            key = cls(
+                key_id_of(public),
+                public,
+                added,
+                None if retired is None else datetime.fromisoformat(retired),
+            )
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise SigningKeyError(
+                f"{where}: a key entry is malformed ({type(exc).__name__}: {exc}); each is "
+                '{"id", "public", "added_at", "retired_at"}'
+            ) from None
+        if data.get("id") != key.key_id:
+            raise SigningKeyError(
+                f"{where}: the entry {data.get('id')!r} holds the public key of "
+                f"{key.key_id}: an id is derived from its key and cannot be changed"
+            )
+        return key
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """The public keys a verifier trusts, by key id."""
+
+    keys: Mapping[str, TrustedKey]
+
+    @classmethod
+    def of(cls, *keys: TrustedKey) -> Keyring:
+        return cls({key.key_id: key for key in keys})
+
+    @classmethod
+    def load(cls, path: Path) -> Keyring:
+        """The keyring file ``path`` (JSON, written by ``loomflow keys``)."""
+        try:
+            data = orjson.loads(path.read_bytes())
+        except OSError as exc:
+            raise SigningKeyError(f"cannot read the keyring {path}: {exc}") from None
+        except orjson.JSONDecodeError as exc:
+            raise SigningKeyError(f"the keyring {path} is not JSON: {exc}") from None
+        if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+            raise SigningKeyError(f'the keyring {path} is not {{"keys": [...]}}')
+        return cls.of(*(TrustedKey.from_json(entry, str(path)) for entry in data["keys"]))
+
+    def save(self, path: Path) -> None:
+        """Write the keyring (it holds no secret), replacing the file at once."""
+        body = {"keys": [key.to_json() for key in self.keys.values()]}
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2) + b"\n")
+        temporary.replace(path)
+
+    def with_key(self, key: TrustedKey) -> Keyring:
+        if key.key_id in self.keys:
+            raise SigningKeyError(f"the keyring already holds {key.key_id}")
+        return Keyring({**self.keys, key.key_id: key})
+
+    def retire(self, key_id: str, at: datetime | None = None) -> Keyring:
+        """The keyring with ``key_id`` valid only for what it signed until ``at`` (now)."""
+        key = self.keys.get(key_id)
+        if key is None:
+            raise SigningKeyError(f"the keyring holds no key {key_id}")
+        if key.retired_at is not None:
+            raise SigningKeyError(f"{key_id} was retired at {key.retired_at.isoformat()}")
+        return Keyring({**self.keys, key_id: replace(key, retired_at=at or utcnow())})
+
+    def problem(self, data: bytes, sig: Signature | None, at: datetime, what: str) -> str | None:
+        """Why ``sig`` is not a valid signature of ``data`` made at ``at`` (None: it
+        is); ``what`` names the signed thing in the reason."""
+        from cryptography.exceptions import InvalidSignature
+
+        if sig is None:
+            return f"{what} is not signed"
+        key = self.keys.get(sig.key)
+        if key is None:
+            return f"{what} is signed by key {sig.key}, which the keyring does not hold"
+        if key.retired_at is not None and at > key.retired_at:
+            return (
+                f"{what} is signed by key {sig.key}, retired at {key.retired_at.isoformat()}, "
+                f"but is dated {at.isoformat()}"
+            )
+        try:
+            key.public.verify(_unb64(sig.value), data)
+        except (InvalidSignature, ValueError, binascii.Error):
+            return f"{what} does not match its signature by key {sig.key}"
+        return None
+
+    def event_problem(self, event: EventBase) -> str | None:
+        """Why the event's signature does not hold (None: it does)."""
+        what = (
+            f"event {event.event_id} (session {event.session_id!r}, user "
+            f"{event.user_id!r}, seq {event.seq})"
+        )
+        return self.problem(signed_bytes(event), event.sig, event.at, what)
+
+
+@dataclass(frozen=True)
+class Signatures:
+    """What a reader of the log does with events' signatures: the mode and the keyring
+    it checks them against (None only with ``off``)."""
+
+    mode: SignatureMode = "off"
+    keyring: Keyring | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode != "off" and self.keyring is None:
+            raise SigningKeyError(
+                f"signatures={self.mode} needs a keyring (LOOMFLOW_KEYRING) or a signing key"
+            )
+
+    def check(self, event: EventBase) -> str | None:
+        """The one rule: None when the event passes (or nothing is checked); in
+        ``check`` mode, why it does not, to count; in ``require`` mode a failure raises
+        :class:`~loomflow.errors.SignatureError`."""
+        if self.keyring is None or self.mode == "off":
+            return None
+        problem = self.keyring.event_problem(event)
+        if problem is not None and self.mode == "require":
+            raise SignatureError(problem)
+        return problem
+
+
+#: what a reader does with no signature settings
+NO_SIGNATURES = Signatures()
