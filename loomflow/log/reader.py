@@ -83,6 +83,9 @@ class LogRecord:
     raw: bytes | None = None
     #: False in a log with one sequence of positions (SQLite)
     partitioned: bool = True
+    #: why the event's signature does not hold (None: it does, or none is checked); with
+    #: signatures required the record is refused (``event`` None, ``error`` this too)
+    signature_problem: str | None = None
 
     @property
     def position(self) -> str:
@@ -98,6 +101,9 @@ class LogReader(Resource):
     #: True when a consumer keeps its position itself, with what it writes (a SQLite log
     #: has no groups); False when ``commit()`` keeps it in the log (a Kafka group)
     consumer_keeps_position: bool = True
+    #: True when the log deletes records (an embedded log's prune and erasure), so that
+    #: a consumer may find a session's seqs skipping; Kafka's log only ever appends
+    removes_records: bool = False
 
     @abstractmethod
     async def read(self, wait: float = 1.0, max_records: int = 1000) -> list[LogRecord]:
@@ -139,6 +145,8 @@ def sqlite_reader(
 
 
 class _SqliteReader(LogReader):
+    removes_records = True
+
     def __init__(self, path: Path, start: Literal["beginning", "end"] | dict[int, int]) -> None:
         self.path = path
         self.source = f"SQLite log {path}"

@@ -9,6 +9,11 @@ consumer sign as a writer. A key is rotated by adding the new one to the keyring
 retiring the old one from a moment on; a retired key's signature holds only on what it
 signed before then.
 
+Each key of a keyring has its roles: ``events`` (a writer's: agents, the CLI's lifecycle
+verbs) or ``digests`` (the audit's). A writer's key then cannot sign a digest a verifier
+accepts: the digests are as trustworthy as the audit's machine, whatever becomes of a
+writer's.
+
 :class:`Signatures` is the one rule every reader applies (the projector, the audit, every
 consumer of :mod:`loomflow.log`): ``off`` checks nothing, ``check`` counts what fails,
 ``require`` refuses it with a :class:`~loomflow.errors.SignatureError` naming the key
@@ -46,7 +51,9 @@ __all__ = [
     "DIGEST_DOMAIN",
     "EVENT_DOMAIN",
     "NO_SIGNATURES",
+    "ROLES",
     "Keyring",
+    "Role",
     "SignatureMode",
     "Signatures",
     "Signer",
@@ -61,6 +68,10 @@ E = TypeVar("E", bound=EventBase)
 #: can never be passed off as another (a digest)
 EVENT_DOMAIN = b"loomflow.event.v1\n"
 DIGEST_DOMAIN = b"loomflow.digest.v1\n"
+
+#: what a key of a keyring may sign
+Role = Literal["events", "digests"]
+ROLES: tuple[Role, ...] = ("events", "digests")
 
 #: ``off``: signatures are not looked at; ``check``: a missing or bad one is counted and
 #: the event accepted; ``require``: it is refused
@@ -168,25 +179,29 @@ class Signer:
         """The event with this key's signature (a signature it had is replaced)."""
         return event.model_copy(update={"sig": self.sign(signed_bytes(event))})
 
-    def trusted(self, added_at: datetime | None = None) -> TrustedKey:
-        """This key as a keyring holds it (its public half)."""
-        return TrustedKey(self.key_id, self.public, added_at or utcnow(), None)
+    def trusted(
+        self, roles: tuple[Role, ...] = ROLES, added_at: datetime | None = None
+    ) -> TrustedKey:
+        """This key as a keyring holds it (its public half), for ``roles``."""
+        return TrustedKey(self.key_id, self.public, added_at or utcnow(), None, roles)
 
 
 @dataclass(frozen=True)
 class TrustedKey:
     """A public key of a keyring: valid for what was signed at or before ``retired_at``
-    (None: not retired)."""
+    (None: not retired), and for what its ``roles`` say it may sign."""
 
     key_id: str
     public: Ed25519PublicKey
     added_at: datetime
     retired_at: datetime | None
+    roles: tuple[Role, ...] = ROLES
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.key_id,
             "public": _b64(_raw_public(self.public)),
+            "roles": list(self.roles),
             "added_at": self.added_at.isoformat(),
             "retired_at": None if self.retired_at is None else self.retired_at.isoformat(),
         }
@@ -199,16 +214,20 @@ class TrustedKey:
             public = Ed25519PublicKey.from_public_bytes(_unb64(data["public"]))
             added = datetime.fromisoformat(data["added_at"])
             retired = data.get("retired_at")
+            roles = tuple(data["roles"])
+            if not roles or any(role not in ROLES for role in roles):
+                raise ValueError(f"roles {list(roles)}: each is one of {', '.join(ROLES)}")
             key = cls(
                 key_id_of(public),
                 public,
                 added,
                 None if retired is None else datetime.fromisoformat(retired),
+                roles,
             )
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise SigningKeyError(
                 f"{where}: a key entry is malformed ({type(exc).__name__}: {exc}); each is "
-                '{"id", "public", "added_at", "retired_at"}'
+                '{"id", "public", "roles", "added_at", "retired_at"}'
             ) from None
         if data.get("id") != key.key_id:
             raise SigningKeyError(
@@ -262,9 +281,11 @@ class Keyring:
             raise SigningKeyError(f"{key_id} was retired at {key.retired_at.isoformat()}")
         return Keyring({**self.keys, key_id: replace(key, retired_at=at or utcnow())})
 
-    def problem(self, data: bytes, sig: Signature | None, at: datetime, what: str) -> str | None:
-        """Why ``sig`` is not a valid signature of ``data`` made at ``at`` (None: it
-        is); ``what`` names the signed thing in the reason."""
+    def problem(
+        self, data: bytes, sig: Signature | None, at: datetime, what: str, role: Role
+    ) -> str | None:
+        """Why ``sig`` is not a valid signature of ``data`` made at ``at`` by a key
+        trusted for ``role`` (None: it is); ``what`` names the signed thing in the reason."""
         from cryptography.exceptions import InvalidSignature
 
         if sig is None:
@@ -272,6 +293,11 @@ class Keyring:
         key = self.keys.get(sig.key)
         if key is None:
             return f"{what} is signed by key {sig.key}, which the keyring does not hold"
+        if role not in key.roles:
+            return (
+                f"{what} is signed by key {sig.key}, which the keyring trusts to sign "
+                f"{' and '.join(key.roles)} only, not {role}"
+            )
         if key.retired_at is not None and at > key.retired_at:
             return (
                 f"{what} is signed by key {sig.key}, retired at {key.retired_at.isoformat()}, "
@@ -289,7 +315,7 @@ class Keyring:
             f"event {event.event_id} (session {event.session_id!r}, user "
             f"{event.user_id!r}, seq {event.seq})"
         )
-        return self.problem(signed_bytes(event), event.sig, event.at, what)
+        return self.problem(signed_bytes(event), event.sig, event.at, what, "events")
 
 
 @dataclass(frozen=True)
