@@ -296,15 +296,19 @@ class Settings(BaseSettings):
             return Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
         return None
 
+    def trusted_keys(self) -> Keyring | None:
+        """The keys this process trusts: the keyring file's, else the signing key's own
+        (for every role); None when neither is set."""
+        if self.keyring is not None:
+            return Keyring.load(self.keyring)
+        signer = self.signer()
+        return None if signer is None else Keyring.of(signer.trusted())
+
     def signatures_policy(self) -> Signatures:
         """What every reader of the log does with signatures (:class:`Signatures`): the
         keyring file's keys, else the signing key's own; ``signatures`` unset is
         ``require`` when there is either, ``off`` otherwise."""
-        if self.keyring is not None:
-            keyring: Keyring | None = Keyring.load(self.keyring)
-        else:
-            signer = self.signer()
-            keyring = None if signer is None else Keyring.of(signer.trusted())
+        keyring = self.trusted_keys()
         mode = self.signatures or ("off" if keyring is None else "require")
         if mode == "off":
             return Signatures()

@@ -77,13 +77,19 @@ def output_width(wide: bool = False) -> int | None:
     return shutil.get_terminal_size().columns
 
 
-def console(*, wide: bool = False, soft_wrap: bool = False) -> Console:
+def console(*, wide: bool = False, soft_wrap: bool = False, stderr: bool = False) -> Console:
     """The console of the commands: the width of ``output_width``, or rows whole on one
-    line (``--wide``; piped or captured with no ``COLUMNS``)."""
+    line (``--wide``; piped or captured with no ``COLUMNS``); on stderr when stdout is
+    the command's data."""
     from rich.console import Console
 
     width = output_width(wide)
-    return Console(highlight=False, width=WHOLE if width is None else width, soft_wrap=soft_wrap)
+    return Console(
+        highlight=False,
+        width=WHOLE if width is None else width,
+        soft_wrap=soft_wrap,
+        stderr=stderr,
+    )
 
 
 def print_json(data: Any) -> None:

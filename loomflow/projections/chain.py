@@ -188,7 +188,11 @@ def _removes(type_: str, body: bytes | None) -> tuple[int, ...] | Literal[False]
 # -- verification ----------------------------------------------------------------------
 
 
-FindingKind = Literal["deleted", "inserted", "reordered", "altered"]
+#: ``truncated``, ``rewritten``: against a digest (``audit/digests.py``); ``forged``: a
+#: signature that does not hold
+FindingKind = Literal[
+    "deleted", "inserted", "reordered", "altered", "truncated", "rewritten", "forged"
+]
 
 
 @dataclass(frozen=True)

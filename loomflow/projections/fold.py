@@ -13,13 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from loomflow.errors import (
-    InvalidEventError,
-    RunCancelledError,
-    SequenceConflictError,
-    SessionErasedError,
-    StaleWriterError,
-)
+from loomflow.errors import InvalidEventError
+from loomflow.projections.admission import refuse
 from loomflow.schemas import (
     CheckpointsPruned,
     CheckpointWritten,
@@ -38,7 +33,6 @@ from loomflow.schemas import (
     TurnAppended,
     Usage,
 )
-from loomflow.schemas.events import CLAIM_TYPES
 from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import PendingSignal, SessionRecord, Waiting
 
@@ -138,8 +132,8 @@ Mutation = (
 def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, list[Mutation]]:
     """Apply one event to a session; return its new row and the read-model mutations.
 
-    Raises InvalidEventError (or a subclass) when the event cannot be applied: the
-    session was erased, the writer's epoch is stale, or its seq is not the next one.
+    Raises InvalidEventError (or a subclass) when the event cannot be applied: the rule
+    of validity (:func:`loomflow.projections.admission.refuse`) refuses it.
     """
     if session is None:
         session = SessionRecord(
@@ -153,32 +147,14 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
             f"event for session {event.session_id!r} (user {event.user_id!r}) folded into "
             f"session {session.session_id!r} (user {session.user_id!r})"
         )
-    if session.status == "erased":
-        raise SessionErasedError(
-            f"session {session.session_id!r} (user {session.user_id!r}) was erased; "
-            "start a new session id"
-        )
-    if event.epoch < session.epoch:
-        if session.status == "cancelled" and event.epoch == session.epoch - 1:
-            # the run the cancel fenced (it claimed the epoch after the run's)
-            raise RunCancelledError.of(event.run_id, scope_of(event).describe())
-        raise StaleWriterError(
-            f"writer epoch {event.epoch} is older than epoch {session.epoch} of session "
-            f"{session.session_id!r}: another run took the session over"
-        )
-    claims = isinstance(event, CLAIM_TYPES)
-    if event.epoch > session.epoch and not claims:
-        raise InvalidEventError(
-            f"{event.type} at epoch {event.epoch} but session {session.session_id!r} is at "
-            f"epoch {session.epoch}; only run.started or session.forked claims a new epoch"
-        )
-    if event.seq != session.last_seq + 1:
-        raise SequenceConflictError(
-            f"session {session.session_id!r} expects seq {session.last_seq + 1}, "
-            f"got {event.seq}: another writer appended first"
-        )
-    if isinstance(event, SessionForked) and event.seq != 1:
-        raise InvalidEventError("session.forked must be the first event of its session")
+    refuse(
+        event,
+        epoch=session.epoch,
+        last_seq=session.last_seq,
+        message_count=session.message_count,
+        cancelled=session.status == "cancelled",
+        erased=session.status == "erased",
+    )
 
     # one replace per event: the fold runs for every event a projector consumes
     changes: dict[str, Any] = {"last_seq": event.seq, "epoch": event.epoch, "updated_at": event.at}
@@ -281,11 +257,6 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
                 )
             )
         case CheckpointWritten(payload=p):
-            if p.message_count != session.message_count:
-                raise InvalidEventError(
-                    f"checkpoint {p.checkpoint_id} claims {p.message_count} messages but the "
-                    f"session holds {session.message_count} at seq {event.seq}"
-                )
             mutations.append(
                 PutCheckpoint(
                     CheckpointRow(

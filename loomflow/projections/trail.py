@@ -1,7 +1,10 @@
 """The audit trail's interface, which each dialect's trail implements: a SQLite file beside
 an embedded log (``projections/sqlite/audit.py``), or tables of the read model's
 PostgreSQL schema at scale (``projections/postgres/audit.py``). Both hold the same
-entries (see ``audit/auditor.py``) and keep what could not be chained among the rejects.
+entries (see ``audit/auditor.py``), keep what could not be chained among the rejects, each
+session's :class:`~loomflow.projections.admission.Standing` (what the rule of validity
+knows of it) and the digests written so far (``audit/digests.py``), with what each
+session's chain had reached at the last one.
 
 The trail is append-only but for one update: an erasure or prune sets the bodies of the
 entries it removed to NULL (their digests and hashes stay, so the chain still verifies).
@@ -10,13 +13,14 @@ entries it removed to NULL (their digests and hashes stay, so the chain still ve
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from loomflow.lifecycle import Resource
+from loomflow.projections.admission import Standing
 from loomflow.projections.chain import Chained, Entry, Head
 from loomflow.projections.rows import stored_user
 from loomflow.schemas.scope import Scope
@@ -24,7 +28,11 @@ from loomflow.schemas.scope import Scope
 __all__ = [
     "ANY_USER",
     "ENTRY_FIELDS",
+    "STANDING_FIELDS",
+    "Digested",
+    "MakeDigest",
     "Reject",
+    "SessionHead",
     "Trail",
     "default_trail_path",
     "entry_from_row",
@@ -49,6 +57,42 @@ ENTRY_FIELDS = (
     "prev",
     "hash",
 )
+
+
+#: the columns of a session's standing in both dialects, after (user_id, session_id)
+STANDING_FIELDS = ("epoch", "last_seq", "message_count", "cancelled", "erased", "gapped")
+
+
+@dataclass(frozen=True)
+class SessionHead:
+    """Where a session's chain stands: its newest entry ``n``, that entry's seq and hash."""
+
+    user_id: str | None
+    session_id: str
+    n: int
+    seq: int
+    hash: str
+
+    @property
+    def scope(self) -> Scope:
+        return Scope(self.session_id, self.user_id)
+
+
+@dataclass(frozen=True)
+class Digested:
+    """The newest digest the trail wrote: its number, its hash, when, and how many entries
+    the trail held then."""
+
+    n: int
+    hash: str
+    at: datetime
+    records: int
+
+
+#: what writes a digest (``audit/digests.py``), given the trail's newest digest (None
+#: before the first), the heads of the sessions whose chains grew since, and the count of
+#: entries: the digest written to its place, and its bytes, for the trail to keep
+MakeDigest = Callable[[Digested | None, list[SessionHead], int], Awaitable[tuple[Digested, bytes]]]
 
 
 @dataclass(frozen=True)
@@ -119,11 +163,34 @@ class Trail(Resource):
         they were audited at."""
 
     @abstractmethod
+    async def standings(self, scopes: Iterable[Scope]) -> dict[Scope, Standing]:
+        """What the rule of validity knows of each session that has a standing."""
+
+    @abstractmethod
     async def write(
-        self, chained: Chained, rejects: Sequence[Reject], position: dict[int, int] | None
+        self,
+        chained: Chained,
+        rejects: Sequence[Reject],
+        position: dict[int, int] | None,
+        standings: Mapping[Scope, Standing],
     ) -> None:
-        """Add the entries, apply their redactions, keep the rejects and (embedded) the
-        log position reached, in one transaction."""
+        """Add the entries, apply their redactions, keep the rejects, the sessions' new
+        standings and (embedded) the log position reached, in one transaction."""
+
+    @abstractmethod
+    async def digested(self) -> Digested | None:
+        """The newest digest written, None before the first."""
+
+    @abstractmethod
+    async def entry_count(self) -> int:
+        """How many entries the trail holds."""
+
+    @abstractmethod
+    async def write_digest(self, make: MakeDigest) -> Digested:
+        """Write the next digest: holding the trail's digest lock (one writer at a time,
+        across processes), read the newest digest, the heads of the sessions that grew
+        since and the count of entries; ``make`` writes the digest to its place; then keep
+        it and that it committed those heads. When ``make`` raises, nothing is kept."""
 
     @abstractmethod
     async def position(self) -> dict[int, int] | None:

@@ -88,6 +88,24 @@ class ReadableLog(ABC):
         (bytes that are not JSON, a row of an unknown event type): what no writer of
         ours makes, but a damaged row or another program's record is."""
 
+    # what someone who can write to the log's storage does behind its stores' backs (the
+    # audit suite's attacks)
+
+    @abstractmethod
+    async def forge(self, event: Event) -> None:
+        """Put ``event`` into the log as it is, as no store of ours writes it: a row
+        inserted with the file open in another program, a record produced to the topic."""
+
+    async def cut(self, scope: Scope, seqs: Sequence[int]) -> None:
+        """Delete ``scope``'s records at ``seqs`` from the log (a log that can lose
+        records: ``deletes_records``); a log that keeps every record refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps every record")
+
+    async def rewrite(self, event: Event) -> None:
+        """Replace the record of ``event``'s session and seq with ``event`` (a log that can
+        lose records: ``deletes_records``); a log that keeps every record refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps every record")
+
 
 class AuditedLog(ReadableLog):
     """A log as the audit consumer reads it: where the audit resumes, how far it got."""

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any
 
 from loomflow.log import LogReader, sqlite_reader
 from loomflow.projections.audit import Trail
+from loomflow.projections.rows import stored_user
 from loomflow.projections.sqlite import INSERT_EVENT
+from loomflow.projections.sqlite.writes import insert_event
 from loomflow.runtime import EventStore, Scope, SqliteStore
-from loomflow.schemas import utcnow
+from loomflow.schemas import Event, utcnow
 from loomflow.testing.log import AuditedLog, Start
 
 __all__ = ["SqliteLog"]
@@ -63,6 +67,41 @@ class SqliteLog(AuditedLog):
                     "{}",
                 ),
             )
+
+    async def forge(self, event: Event) -> None:
+        await self._tamper(lambda conn: insert_event(conn, event))
+
+    async def cut(self, scope: Scope, seqs: Sequence[int]) -> None:
+        await self._tamper(
+            lambda conn: conn.executemany(
+                "DELETE FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ?",
+                [(stored_user(scope.user_id), scope.session_id, seq) for seq in seqs],
+            )
+        )
+
+    async def rewrite(self, event: Event) -> None:
+        def replace(conn: sqlite3.Connection) -> None:
+            # the row keeps its position: the record is changed where it is
+            (position,) = conn.execute(
+                "DELETE FROM loomflow_events WHERE user_id = ? AND session_id = ? AND seq = ? "
+                "RETURNING position",
+                (stored_user(event.user_id), event.session_id, event.seq),
+            ).fetchone()
+            insert_event(conn, event)
+            conn.execute(
+                "UPDATE loomflow_events SET position = ? WHERE position = "
+                "(SELECT max(position) FROM loomflow_events)",
+                (position,),
+            )
+
+        await self._tamper(replace)
+
+    async def _tamper(self, change: Callable[[sqlite3.Connection], Any]) -> None:
+        def run() -> None:
+            with closing(sqlite3.connect(self.path, timeout=30)) as conn, conn:
+                change(conn)
+
+        await asyncio.to_thread(run)
 
     async def audit_reader(self, trail: Trail) -> LogReader:
         return sqlite_reader(self.path, start=await trail.position() or "beginning")

@@ -26,16 +26,18 @@ import pytest
 
 from loomflow.audit import Auditor, Verification, verify_trail
 from loomflow.audit.auditor import Audited, link_of
+from loomflow.audit.digests import Digest, DigestWriter, DirectoryPlace, check_digests, digest_hash
 from loomflow.projections.audit import Reject, Trail
-from loomflow.projections.chain import GENESIS, Entry, Finding, chain, entry_hash
+from loomflow.projections.chain import GENESIS, Entry, Finding, Link, canonical, chain, entry_hash
 from loomflow.runtime import EventStore, Scope
 from loomflow.schemas import Event
+from loomflow.schemas.signing import NO_SIGNATURES, Keyring, Signatures, Signer
 from loomflow.testing._support import Opened, commit, opened_fixture, required_fixture
 from loomflow.testing.log import AuditedLog, LogSuite, read_all
 from loomflow.testing.sqlite_log import SqliteLog
 from loomflow.testing.store import SessionLog
 
-__all__ = ["AuditTrailConformance", "Auditing", "TrailTampering"]
+__all__ = ["AuditTrailConformance", "Auditing", "Keys", "TrailTampering"]
 
 
 class TrailTampering(ABC):
@@ -61,13 +63,34 @@ def _flipped(text: str) -> str:
     return ("e" if text[0] == "f" else "f") + text[1:]
 
 
-class Auditing:
-    """``loomflow audit`` and ``loomflow audit verify`` of one log, each in a trail of its
-    own opened anew, as each command opens one."""
+class Keys:
+    """A writer's signing key, the audit's, and the keyring that trusts each for its role
+    (``loomflow keys new`` and ``--role digests``)."""
 
-    def __init__(self, log: AuditedLog, trails: Opened[Trail]) -> None:
+    def __init__(self) -> None:
+        self.writer = Signer.generate()
+        self.audit = Signer.generate()
+        self.keyring = Keyring.of(
+            self.writer.trusted(("events",)), self.audit.trusted(("digests",))
+        )
+
+    @property
+    def required(self) -> Signatures:
+        return Signatures("require", self.keyring)
+
+
+class Auditing:
+    """``loomflow audit``, ``audit digest`` and ``audit verify`` of one log, each in a
+    trail of its own opened anew, as each command opens one; digests go to ``place``,
+    signed by the audit's key of ``keys``."""
+
+    def __init__(
+        self, log: AuditedLog, trails: Opened[Trail], place: DirectoryPlace, keys: Keys
+    ) -> None:
         self.log = log
         self.trails = trails
+        self.place = place
+        self.keys = keys
 
     @asynccontextmanager
     async def trail(self) -> AsyncIterator[Trail]:
@@ -88,10 +111,34 @@ class Auditing:
         async with self.trail() as trail, self.log.reader("beginning") as reader:
             return await Auditor(reader, trail).catch_up()
 
-    async def verify(self, **filters: Any) -> Verification:
-        """One verification: the trail against the log read again."""
+    async def digest(self) -> Digest:
+        """``loomflow audit digest``: a digest of the trail as it is, written now."""
+        async with self.trail() as trail:
+            return await DigestWriter(trail, self.place, self.keys.audit, "the test's log").write()
+
+    async def verify(
+        self, *, digests: bool = False, signatures: Signatures = NO_SIGNATURES, **filters: Any
+    ) -> Verification:
+        """One verification: the trail against the log read again (and the digests
+        written to ``place`` so far, checked against the keyring, with ``digests``)."""
+        checked = None
+        if digests:
+            checked = check_digests(self.place.where, await self.place.read(), self.keys.keyring)
         async with self.trail() as trail, self.log.fresh_reader() as fresh:
-            return await verify_trail(trail, fresh, await self.log.audited(trail), **filters)
+            return await verify_trail(
+                trail,
+                fresh,
+                await self.log.audited(trail),
+                signatures=signatures,
+                digests=checked,
+                **filters,
+            )
+
+    async def findings(self, session_id: str, **verify: Any) -> list[Finding]:
+        """What a verification finds in the session ``session_id`` (its one user's)."""
+        result = await self.verify(**verify)
+        (check,) = [c for c in result.sessions if c.session_id == session_id]
+        return check.findings
 
     async def audited(self) -> dict[int, int]:
         """How far the audit got, as verification is told."""
@@ -142,8 +189,8 @@ class AuditTrailConformance(LogSuite):
         return SqliteLog(tmp_path / "journal.db")
 
     @pytest.fixture
-    def audit(self, log: AuditedLog, new_trail: Opened[Trail]) -> Auditing:
-        return Auditing(log, new_trail)
+    def audit(self, log: AuditedLog, new_trail: Opened[Trail], tmp_path: Path) -> Auditing:
+        return Auditing(log, new_trail, DirectoryPlace(tmp_path / "digests"), Keys())
 
     # --- a trail as the audit builds it -------------------------------------------
 
@@ -328,6 +375,110 @@ class AuditTrailConformance(LogSuite):
         else:  # a whole session goes by its erasure
             assert checks["old"].erased and old[-1].type == "session.erased"
         assert (await audit.verify(session_id="gone")).problems == 0
+
+    # --- against signed digests ---------------------------------------------------------
+
+    async def test_digests_commit_the_trail_and_what_came_after_is_pending(
+        self, store: EventStore, audit: Auditing
+    ) -> None:
+        s1 = SessionLog("s1")
+        await commit(store, s1.run(2))
+        await audit()
+        first = await audit.digest()
+        assert (first.n, first.prev, first.records) == (1, GENESIS, 7)
+        assert [(h.session_id, h.n, h.seq) for h in first.sessions] == [("s1", 7, 7)]
+        result = await audit.verify(digests=True)
+        assert (result.problems, result.pending) == (0, 0), result
+
+        await commit(store, [s1.turn("later"), s1.finish(), *SessionLog("s2", "alice").run(1)])
+        await audit()
+        result = await audit.verify(digests=True)
+        # checked against the log, but newer than the last digest: not proven yet
+        assert (result.problems, result.pending) == (0, 6), result
+        assert {c.session_id: c.pending for c in result.sessions} == {"s1": 2, "s2": 4}
+        second = await audit.digest()
+        assert (second.n, second.prev, second.records) == (2, digest_hash(first), 13)
+        assert {(h.user_id, h.session_id, h.n) for h in second.sessions} == {
+            (None, "s1", 9),
+            ("alice", "s2", 4),
+        }
+        assert (await audit.verify(digests=True)).pending == 0
+        third = await audit.digest()  # nothing grew: it names no session
+        assert (third.n, third.sessions, third.records) == (3, (), 13)
+        assert (await audit.verify(digests=True)).problems == 0
+
+    async def test_a_session_cut_short_in_log_and_trail_is_found_by_the_digest(
+        self, log: AuditedLog, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        await audit.digest()
+        # the last two records of s1 go from the trail and, where it can lose them, the log
+        if log.deletes_records:
+            await log.cut(Scope("s1"), [9, 10])
+        for n in (10, 9):
+            await tamper.delete(None, "s1", n)
+        if log.deletes_records:  # the chain and the log agree: only a digest can tell
+            assert (await audit.verify()).problems == 0
+        found = await audit.findings("s1", digests=True)
+        (cut,) = [f for f in found if f.kind == "truncated"]
+        assert cut.n == 9 and "digest 1" in cut.detail and "entries 9..10" in cut.detail, cut
+
+    async def test_a_session_deleted_whole_from_log_and_trail_is_found_by_the_digest(
+        self, log: AuditedLog, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        await audit.digest()
+        if log.deletes_records:
+            await log.cut(Scope("s1"), range(1, 11))
+        for n in range(10, 0, -1):
+            await tamper.delete(None, "s1", n)
+        if log.deletes_records:
+            result = await audit.verify()
+            assert result.problems == 0 and {c.session_id for c in result.sessions} == {"s2"}
+        found = await audit.findings("s1", digests=True)
+        (gone,) = [f for f in found if f.n is None and "whole session" in f.detail]
+        assert gone.kind == "deleted" and "digest 1" in gone.detail, found
+
+    async def test_a_consistent_rewrite_of_log_and_trail_is_found_by_the_digest(
+        self, log: AuditedLog, store: EventStore, audit: Auditing, tamper: TrailTampering
+    ) -> None:
+        await audit.two_sessions(store)
+        await audit.digest()
+        async with log.fresh_reader() as fresh:
+            records = [r for r in await read_all(fresh) if r.event and r.event.session_id == "s1"]
+        # the record at seq 3 is changed, and the trail's chain made again from it on: the
+        # chain holds, and where the log can be rewritten, it matches the log
+        original = records[2].event
+        assert original is not None
+        changed = original.model_copy(update={"run_id": "run_someone_else"})
+        if log.deletes_records:
+            await log.rewrite(changed)
+        links = [link_of(r) for r in records]
+        links[2] = Link(
+            None,
+            "s1",
+            records[2].position,
+            changed.event_id,
+            3,
+            changed.type,
+            changed.at,
+            canonical(changed),
+        )
+        for entry in chain([link for link in links if link is not None], {}).entries[2:]:
+            await tamper.update(
+                None,
+                "s1",
+                entry.n,
+                body=entry.body,
+                digest=entry.digest,
+                prev=entry.prev,
+                hash=entry.hash,
+            )
+        if log.deletes_records:
+            assert await audit.findings("s1") == []
+        found = await audit.findings("s1", digests=True)
+        (rewritten,) = [f for f in found if f.kind == "rewritten"]
+        assert rewritten.n == 10 and "digest 1" in rewritten.detail, found
 
     # --- what the audit cannot chain --------------------------------------------------
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from loomflow.audit.auditor import Auditor, Verification, verify_trail
 from loomflow.log.reader import sqlite_reader
@@ -35,7 +36,7 @@ async def _audit(db: Path) -> tuple[int, int]:
     return done.entries, done.rejected
 
 
-async def _verify(db: Path, **filters: str | None) -> Verification:
+async def _verify(db: Path, **filters: Any) -> Verification:
     async with SqliteTrail(default_trail_path(db)) as trail:
         audited = await trail.position() or {0: 1}
         async with sqlite_reader(db) as fresh:

@@ -7,6 +7,7 @@ from loomflow.log import LogReader, committed_offsets, kafka_reader
 from loomflow.producers import EventProducer, scope_key
 from loomflow.projections.audit import Trail
 from loomflow.runtime import EventStore, KafkaStore, Scope
+from loomflow.schemas import Event
 from loomflow.testing import AuditedLog, ReadableLog, Start
 from tests.support.kafka_env import KafkaEnv
 
@@ -30,6 +31,16 @@ class KafkaLog(ReadableLog):
         if start == "committed":
             raise ValueError("a reader with no consumer group keeps no committed offsets")
         return kafka_reader(self.env.settings, group=None, start=start)
+
+    async def forge(self, event: Event) -> None:
+        producer = EventProducer(self.env.bootstrap, self.env.topics)
+        try:
+            key = scope_key(event.user_id, event.session_id)
+            await producer.send_raw(
+                self.env.topics.events, event.model_dump_json().encode(), key=key
+            )
+        finally:
+            await producer.stop()
 
     async def write_undecodable(self, scope: Scope) -> None:
         producer = EventProducer(self.env.bootstrap, self.env.topics)

@@ -205,6 +205,36 @@ READ_MODEL = Migrations(
     DROP INDEX {s}.sessions_updated;
     DROP INDEX {s}.sessions_user_updated;
     """,
+        # the audit's standing of each session (projections/admission.py), what the last
+        # digest committed of its chain, and the digests written; a trail audited before
+        # gets each session's standing off its newest entry, gaps allowed
+        """
+    CREATE TABLE {s}.audit_sessions (
+        user_id text NOT NULL,
+        session_id text NOT NULL,
+        epoch bigint NOT NULL,
+        last_seq bigint NOT NULL,
+        message_count bigint NOT NULL,
+        cancelled boolean NOT NULL,
+        erased boolean NOT NULL,
+        gapped boolean NOT NULL,
+        digested_n bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (user_id, session_id)
+    );
+    INSERT INTO {s}.audit_sessions
+        (user_id, session_id, epoch, last_seq, message_count, cancelled, erased, gapped)
+    SELECT DISTINCT ON (user_id, session_id) user_id, session_id,
+        coalesce((convert_from(body, 'UTF8')::jsonb ->> 'epoch')::bigint, 0), seq, 0,
+        type = 'run.cancelled', type = 'session.erased', true
+    FROM {s}.audit_entries ORDER BY user_id, session_id, n DESC;
+    CREATE TABLE {s}.audit_digests (
+        n bigint PRIMARY KEY,
+        at timestamptz NOT NULL,
+        hash text NOT NULL,
+        records bigint NOT NULL,
+        body bytea NOT NULL
+    );
+    """,
     ),
 )
 

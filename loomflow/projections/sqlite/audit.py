@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from loomflow.errors import StoreError
+from loomflow.projections.admission import Standing
 from loomflow.projections.chain import Chained, Entry, Head
 from loomflow.projections.migrations import Migrations
 from loomflow.projections.rows import stored_user
@@ -18,7 +19,11 @@ from loomflow.projections.sqlite.thread import SqliteThread
 from loomflow.projections.trail import (
     ANY_USER,
     ENTRY_FIELDS,
+    STANDING_FIELDS,
+    Digested,
+    MakeDigest,
     Reject,
+    SessionHead,
     Trail,
     entry_from_row,
     entry_values,
@@ -60,10 +65,46 @@ TRAIL = Migrations(
             next_position INTEGER NOT NULL
         );
         """,
+        # each session's standing (projections/admission.py), so the audit refuses what
+        # the read model refuses; what the last digest committed of its chain; the
+        # digests written. A trail audited before has no standings: each session's is
+        # read off its newest entry, with gaps allowed (its message count is not known).
+        """
+        CREATE TABLE audit_sessions (
+            user_id TEXT NOT NULL,
+            session_id TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            last_seq INTEGER NOT NULL,
+            message_count INTEGER NOT NULL,
+            cancelled INTEGER NOT NULL,
+            erased INTEGER NOT NULL,
+            gapped INTEGER NOT NULL,
+            digested_n INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (user_id, session_id)
+        ) WITHOUT ROWID;
+        INSERT INTO audit_sessions
+            (user_id, session_id, epoch, last_seq, message_count, cancelled, erased, gapped)
+        SELECT user_id, session_id,
+            coalesce(json_extract(CAST(body AS TEXT), '$.epoch'), 0), seq, 0,
+            type = 'run.cancelled', type = 'session.erased', 1
+        FROM audit_entries e
+        WHERE n = (SELECT max(n) FROM audit_entries h
+                   WHERE h.user_id = e.user_id AND h.session_id = e.session_id);
+        CREATE TABLE audit_digests (
+            n INTEGER PRIMARY KEY,
+            at TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            records INTEGER NOT NULL,
+            body BLOB NOT NULL
+        );
+        """,
     ),
 )
 
+#: what verification reads (the standings and the digests written are the writing
+#: audit's; a trail from before them verifies unchanged)
 _TABLES = {"audit_entries", "audit_rejects", "audit_position"}
+_STANDING = ", ".join(STANDING_FIELDS)
 _COLUMNS = ", ".join(ENTRY_FIELDS)
 
 
@@ -103,10 +144,35 @@ class SqliteTrail(Trail):
     async def known(self, keys: Sequence[str]) -> dict[str, str]:
         return await self._call(_known, list(keys))
 
+    async def standings(self, scopes: Iterable[Scope]) -> dict[Scope, Standing]:
+        return await self._call(_standings, list(scopes))
+
     async def write(
-        self, chained: Chained, rejects: Sequence[Reject], position: dict[int, int] | None
+        self,
+        chained: Chained,
+        rejects: Sequence[Reject],
+        position: dict[int, int] | None,
+        standings: Mapping[Scope, Standing],
     ) -> None:
-        await self._call(_write, chained, list(rejects), position)
+        await self._call(_write, chained, list(rejects), position, dict(standings))
+
+    async def digested(self) -> Digested | None:
+        return await self._call(_digested)
+
+    async def entry_count(self) -> int:
+        return await self._call(_entry_count)
+
+    async def write_digest(self, make: MakeDigest) -> Digested:
+        # the file's write lock is the digest lock: the transaction stays open on the
+        # trail's one connection while ``make`` writes to the place
+        last, heads, count = await self._call(_begin_digest)
+        try:
+            digested, body = await make(last, heads, count)
+            await self._call(_record_digest, digested, body, heads)
+        except BaseException:
+            await self._call(_rollback)
+            raise
+        return digested
 
     async def position(self) -> dict[int, int] | None:
         return await self._call(_position)
@@ -131,6 +197,75 @@ def _heads(conn: sqlite3.Connection, scopes: list[Scope]) -> dict[Scope, Head]:
     return heads
 
 
+def _standings(conn: sqlite3.Connection, scopes: list[Scope]) -> dict[Scope, Standing]:
+    standings = {}
+    for scope in scopes:
+        row = conn.execute(
+            f"SELECT {_STANDING} FROM audit_sessions WHERE user_id = ? AND session_id = ?",
+            (stored_user(scope.user_id), scope.session_id),
+        ).fetchone()
+        if row is not None:
+            epoch, last_seq, count, cancelled, erased, gapped = row
+            standings[scope] = Standing(
+                epoch, last_seq, count, bool(cancelled), bool(erased), bool(gapped)
+            )
+    return standings
+
+
+def _entry_count(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM audit_entries").fetchone()[0])
+
+
+def _begin_digest(conn: sqlite3.Connection) -> tuple[Digested | None, list[SessionHead], int]:
+    conn.execute("BEGIN IMMEDIATE")
+    return _digested(conn), _undigested(conn), _entry_count(conn)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _digested(conn: sqlite3.Connection) -> Digested | None:
+    row = conn.execute(
+        "SELECT n, hash, at, records FROM audit_digests ORDER BY n DESC LIMIT 1"
+    ).fetchone()
+    return None if row is None else Digested(row[0], row[1], datetime.fromisoformat(row[2]), row[3])
+
+
+def _undigested(conn: sqlite3.Connection) -> list[SessionHead]:
+    rows = conn.execute(
+        "SELECT e.user_id, e.session_id, e.n, e.seq, e.hash FROM audit_sessions s "
+        "JOIN audit_entries e ON e.user_id = s.user_id AND e.session_id = s.session_id "
+        "AND e.n = (SELECT max(n) FROM audit_entries h WHERE h.user_id = s.user_id "
+        "AND h.session_id = s.session_id) "
+        "WHERE e.n > s.digested_n ORDER BY e.user_id, e.session_id"
+    ).fetchall()
+    return [SessionHead(u or None, sid, n, seq, h) for u, sid, n, seq, h in rows]
+
+
+def _record_digest(
+    conn: sqlite3.Connection, digested: Digested, body: bytes, heads: list[SessionHead]
+) -> None:
+    """Keep the digest and what it committed, and end the transaction _begin_digest began."""
+    conn.execute(
+        "INSERT INTO audit_digests (n, at, hash, records, body) VALUES (?,?,?,?,?)",
+        (
+            digested.n,
+            digested.at.astimezone(UTC).isoformat(),
+            digested.hash,
+            digested.records,
+            body,
+        ),
+    )
+    conn.executemany(
+        "UPDATE audit_sessions SET digested_n = max(digested_n, ?) "
+        "WHERE user_id = ? AND session_id = ?",
+        [(h.n, stored_user(h.user_id), h.session_id) for h in heads],
+    )
+    conn.execute("COMMIT")
+
+
 def _known(conn: sqlite3.Connection, keys: list[str]) -> dict[str, str]:
     known = {}
     for key in keys:
@@ -145,6 +280,7 @@ def _write(
     chained: Chained,
     rejects: list[Reject],
     position: dict[int, int] | None,
+    standings: dict[Scope, Standing],
 ) -> None:
     now = datetime.now(UTC).isoformat()
     with immediate(conn):
@@ -170,6 +306,24 @@ def _write(
             "INSERT OR IGNORE INTO audit_rejects (position, reason, raw, recorded_at) "
             "VALUES (?,?,?,?)",
             [(r.position, r.reason, r.raw, now) for r in rejects],
+        )
+        conn.executemany(
+            f"INSERT INTO audit_sessions (user_id, session_id, {_STANDING}) "
+            "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (user_id, session_id) DO UPDATE SET "
+            + ", ".join(f"{name} = excluded.{name}" for name in STANDING_FIELDS),
+            [
+                (
+                    stored_user(scope.user_id),
+                    scope.session_id,
+                    st.epoch,
+                    st.last_seq,
+                    st.message_count,
+                    int(st.cancelled),
+                    int(st.erased),
+                    int(st.gapped),
+                )
+                for scope, st in standings.items()
+            ],
         )
         if position is not None:
             conn.execute(
