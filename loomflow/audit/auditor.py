@@ -187,6 +187,9 @@ class Verification:
     unsigned: int = 0
     #: what was done with the events' signatures
     signatures: SignatureMode = "off"
+    #: records the audit kept among its rejects (refused as the read model refuses them,
+    #: not decoded, a second copy of an event): never chained, never expected in a chain
+    refused: int = 0
 
     @property
     def problems(self) -> int:
@@ -305,7 +308,7 @@ async def verify_trail(
                 pending=pending,
             )
         )
-    return Verification(checks, unaudited, digests, unsigned, signatures.mode)
+    return Verification(checks, unaudited, digests, unsigned, signatures.mode, len(rejected))
 
 
 #: verified with no digests: a retired key's signature is taken at its date

@@ -247,6 +247,7 @@ def _verification_json(result: Verification, source: str, *, code: int) -> dict[
         "problems": result.problems,
         "unaudited": result.unaudited,
         "unsigned": result.unsigned,
+        "refused": result.refused,
         "signatures": result.signatures,
         "digests": None
         if digests is None
@@ -379,6 +380,11 @@ def _print_verification(
         console.print(
             f"{count(result.unsigned, 'event')} of the log not signed by a key of the keyring "
             "(LOOMFLOW_SIGNATURES=check counts them; require refuses them)"
+        )
+    if result.refused:
+        console.print(
+            f"{count(result.refused, 'record')} of the log refused by the audit, as the read "
+            "model refuses them (kept among the trail's rejects, with the reason)"
         )
     if result.unaudited:
         console.print(

@@ -376,6 +376,33 @@ class AuditTrailConformance(LogSuite):
             assert checks["old"].erased and old[-1].type == "session.erased"
         assert (await audit.verify(session_id="gone")).problems == 0
 
+    async def test_the_audit_refuses_what_the_read_model_refuses(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        s1 = SessionLog("s1")
+        await commit(store, [*s1.run(1), s1.finish()])
+        # behind the store's back, a turn after the session finished, at a new epoch: only
+        # a claim takes one, so the read model refuses it (Kafka's projector dead-letters it)
+        forged = s1.turn("charge me $999", epoch=s1.epoch + 1)
+        await log.forge(forged)
+        done = await audit()
+        assert (done.records, done.entries, done.rejected) == (6, 5, 1)
+        (reject,) = await audit.rejects()
+        assert "refused as the read model refuses it" in reject.reason, reject
+        assert "only run.started or session.forked claims a new epoch" in reject.reason
+        entries = await audit.entries(None, "s1")
+        assert entries[-1].type == "run.finished"
+        assert forged.event_id not in {e.key for e in entries}
+        result = await audit.verify()
+        assert (result.problems, result.refused, result.unaudited) == (0, 1, 0), result
+        if not log.deletes_records:
+            # the session goes on from where the read model has it, and so does its chain
+            # (in an embedded log the forged row holds the seq: whoever can write the file
+            # can stop its sessions, as they can delete it)
+            await commit(store, s1.run(1))
+            assert (await audit()).entries == 4
+            assert (await audit.verify()).problems == 0
+
     # --- against signed digests ---------------------------------------------------------
 
     async def test_digests_commit_the_trail_and_what_came_after_is_pending(
