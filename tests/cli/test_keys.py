@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import subprocess
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from loomflow.schemas.events import SignalSent, SignalSentPayload
 from loomflow.schemas.signing import DIGEST_DOMAIN, Keyring, Signer
 from tests.cli.test_scripting import documented
 from tests.support.cli import Cli, Ran
+from tests.support.readme import block, commands, user_env
 
 _SIGNING = ("SIGNING_KEY_FILE", "SIGNING_KEY", "KEYRING", "SIGNATURES")
 
@@ -316,3 +319,54 @@ def test_bad_arguments_are_usage_errors(cli: Cli) -> None:
     assert cli("keys", "new", "w.pem", "--keyring", "k.json", "--role", "payments").code == 2
     ran = cli("keys", "retire", "ed25519:x", "--keyring", "k.json", "--at", "soon")
     assert ran.code == 2 and "'soon' is neither an ISO date" in ran.err
+
+
+def _shape(shown: str) -> re.Pattern[str]:
+    """A line the README shows, with its key ids and numbers left open."""
+    parts = re.split(r"(ed25519:[0-9a-f]{16}|\d+)", shown)
+    return re.compile(
+        "".join(
+            r"ed25519:[0-9a-f]{16}"
+            if part.startswith("ed25519:")
+            else r"\d+"
+            if part.isdigit()
+            else re.escape(part)
+            for part in parts
+        )
+    )
+
+
+def test_the_readme_signing_commands_run_as_written(tmp_path: Path) -> None:
+    marker = "loomflow keys new writer.pem"
+    readme = block(marker, "sh")
+    done = subprocess.run(
+        ["bash", "-eu", "-c", readme.text],  # a shell: the block sets variables and exports
+        cwd=tmp_path,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    printed = done.stdout.splitlines()
+    shown = [command.shown for command in commands(readme) if command.shown is not None]
+    assert len(shown) == 2
+    for line in shown:
+        assert any(_shape(line).fullmatch(out) for out in printed), (line, done.stdout)
+    keys = Keyring.load(tmp_path / "keyring.json").keys
+    made = {name: Signer.from_file(tmp_path / f"{name}.pem").key_id for name in _README_KEYS}
+    assert set(keys) == set(made.values())
+    for name, (roles, retired) in _README_KEYS.items():
+        key = keys[made[name]]
+        assert (key.roles, key.retired_at is not None) == (roles, retired), name
+        assert stat.S_IMODE((tmp_path / f"{name}.pem").stat().st_mode) == 0o600
+    assert f"retired {made['writer']} at " in done.stdout  # the old writer's, by its id
+    assert all(key_id in done.stdout for key_id in made.values())  # listed, and printed
+
+
+#: the keys the README's block leaves: each key file's roles, and whether it is retired
+_README_KEYS = {
+    "writer": (("events",), True),
+    "audit": (("digests",), False),
+    "writer-2": (("events",), False),
+}
