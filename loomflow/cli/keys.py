@@ -56,11 +56,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="what the key may sign: events (a writer's: agents, workers, the lifecycle "
         "verbs) or digests (the audit's); default: %(default)s",
     )
-    json = argparse.ArgumentParser(add_help=False)
-    json.add_argument(
-        "--json", action="store_true", help="one JSON object (fields: see the README)"
-    )
-
     keys = commands.add_parser(
         "keys",
         help="make, trust, retire and list the keys that sign events and audit digests",
@@ -72,7 +67,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     verbs = keys.add_subparsers(dest="verb", required=True, metavar="{new,add,public,retire,list}")
     new = verbs.add_parser(
         "new",
-        parents=[keyring, role, json],
+        parents=[keyring, role],
         help="make a key: its private half to KEYFILE, its public half into the keyring",
         description="Generate an Ed25519 key, write its private half to KEYFILE (a new "
         "file, mode 0600: an existing file is never overwritten) and trust its public half "
@@ -81,10 +76,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(LOOMFLOW_SIGNING_KEY_FILE), and keep it secret.",
     )
     new.add_argument("key_file", type=Path, metavar="KEYFILE", help="where to write the key")
+    _json_option(new, "key_id, key_file, keyring, roles")
     new.set_defaults(handler=_handler("keys new", _new))
     add = verbs.add_parser(
         "add",
-        parents=[keyring, role, json],
+        parents=[keyring, role],
         help="trust a public key made elsewhere (what `keys public` printed)",
         description="Trust the public key PUBLIC in the keyring for --role, creating the "
         "keyring if missing: a key made on another machine, whose private half stays "
@@ -93,10 +89,10 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "text. Print its key id: compare it with the one its owner sent.",
     )
     add.add_argument("public", metavar="PUBLIC", help="a file, or the public key as text")
+    _json_option(add, "key_id, keyring, roles")
     add.set_defaults(handler=_handler("keys add", _add))
     public = verbs.add_parser(
         "public",
-        parents=[json],
         help="print a key file's public half, for `keys add` on another machine",
         description="Print the public half of the private key in KEYFILE as one line: its "
         "key id and the key in base64url. Send that line (or `> writer.pub`) to whoever "
@@ -105,10 +101,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     public.add_argument(
         "key_file", type=Path, metavar="KEYFILE", help="a private key file of `keys new`"
     )
+    _json_option(public, "key_id, public (the key in base64url)")
     public.set_defaults(handler=_handler("keys public", _public))
     retire = verbs.add_parser(
         "retire",
-        parents=[keyring, json],
+        parents=[keyring],
         help="end a key's validity from now (or --at)",
         description="Retire KEYID in the keyring: its signatures then hold only on what "
         "is dated at or before the moment of retirement (now, or --at). Rotate a key by "
@@ -123,6 +120,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="retire it from WHEN, not now: an ISO datetime (UTC unless it names a zone) or "
         "an age (2h: two hours ago); not in the future",
     )
+    _json_option(retire, "key_id, keyring, retired_at")
     retire.set_defaults(handler=_handler("keys retire", _retire))
     ls = verbs.add_parser(
         "list",
@@ -131,11 +129,21 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="One row per key of the keyring: its id, roles, when it was added and "
         "when it was retired.",
     )
-    ls.add_argument("--json", action="store_true", help="one JSON object per key, a line each")
+    _json_option(ls, "key_id, roles, added_at, retired_at, public", each="per key, a line each")
     ls.add_argument(
         "--wide", action="store_true", help="every cell whole, however wide the terminal"
     )
     ls.set_defaults(handler=_handler("keys list", _list))
+
+
+def _json_option(parser: argparse.ArgumentParser, fields: str, each: str = "") -> None:
+    """``--json``, its help naming the fields (those of ``new`` and ``list`` are in the
+    README too)."""
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"one JSON object{' ' + each if each else ''}; fields: {fields}",
+    )
 
 
 def _handler(name: str, action: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
