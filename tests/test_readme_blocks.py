@@ -79,6 +79,9 @@ RUN_BY: dict[tuple[str, str], str] = {
     ("sh", "loomflow otel --follow"): (
         "tests/otel/test_otel_kafka.py::test_the_readme_service_follows_the_topic_until_ctrl_c"
     ),
+    ("sh", "loomflow keys new writer.pem"): (
+        "tests/cli/test_keys.py::test_the_readme_signing_commands_run_as_written"
+    ),
     ("python", "# approval.py"): _WORKER,
     ("sh", "loomflow worker approval:agents"): _WORKER,
     ("python", "# test_my_store.py"): (

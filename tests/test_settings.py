@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from loomflow.errors import SignatureError, SigningKeyError
 from loomflow.producers import Topics
 from loomflow.runtime import (
     InProcRuntime,
@@ -19,6 +22,8 @@ from loomflow.runtime import (
     SqliteRuntime,
     SqliteStore,
 )
+from loomflow.schemas.events import SignalSent
+from loomflow.schemas.signing import Keyring, Signatures, Signer
 from loomflow.settings import Settings
 
 
@@ -125,3 +130,139 @@ def test_the_readme_lists_every_setting_with_its_default() -> None:
         for name, field in Settings.model_fields.items()
     }
     assert rows == settings
+
+
+# --- signing: the key a process signs with, and what its readers check ------------------
+
+_SIGNING = ("SIGNING_KEY_FILE", "SIGNING_KEY", "KEYRING", "SIGNATURES")
+
+
+@pytest.fixture
+def unsigned(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """An environment with no signing setting: each test sets its own."""
+    for name in _SIGNING:
+        monkeypatch.delenv(f"LOOMFLOW_{name}", raising=False)
+    return monkeypatch
+
+
+def _keyed() -> tuple[Signer, str]:
+    """A signing key, and its seed as LOOMFLOW_SIGNING_KEY takes it (base64)."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private = Ed25519PrivateKey.generate()
+    seed = base64.urlsafe_b64encode(private.private_bytes_raw()).decode().rstrip("=")
+    return Signer(private), seed
+
+
+def test_with_no_key_and_no_keyring_nothing_signs_and_nothing_is_checked(
+    unsigned: pytest.MonkeyPatch,
+) -> None:
+    settings = Settings()
+    assert settings.signer() is None
+    assert settings.signatures_policy() == Signatures("off")
+
+
+def test_a_signing_key_alone_signs_and_its_readers_require_its_signature(
+    unsigned: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    signer, seed = _keyed()
+    signer.write(tmp_path / "writer.pem")
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY_FILE", str(tmp_path / "writer.pem"))
+    settings = Settings()
+    signed = signer.sign_event(_event())
+    assert (got := settings.signer()) is not None and got.key_id == signer.key_id
+    policy = settings.signatures_policy()
+    assert policy.mode == "require" and policy.keyring is not None
+    assert list(policy.keyring.keys) == [signer.key_id]  # its own key, trusted
+    assert policy.check(signed) is None
+    with pytest.raises(SignatureError, match="is not signed"):
+        policy.check(_event())
+    # the same key given as text (its seed, as a secret store holds it)
+    unsigned.delenv("LOOMFLOW_SIGNING_KEY_FILE")
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY", seed)
+    assert (again := Settings().signer()) is not None and again.key_id == signer.key_id
+    assert Settings().signatures_policy().check(signed) is None
+
+
+def test_a_keyring_is_what_readers_trust_and_require_by_default(
+    unsigned: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    trusted, own = Signer.generate(), Signer.generate()
+    Keyring.of(trusted.trusted(("events",))).save(tmp_path / "keyring.json")
+    own.write(tmp_path / "own.pem")
+    unsigned.setenv("LOOMFLOW_KEYRING", str(tmp_path / "keyring.json"))
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY_FILE", str(tmp_path / "own.pem"))
+    policy = Settings().signatures_policy()
+    assert policy.mode == "require" and policy.keyring is not None
+    # the keyring's keys, and only them: a signing key set beside it is not trusted for it
+    assert list(policy.keyring.keys) == [trusted.key_id]
+    assert policy.check(trusted.sign_event(_event())) is None
+    with pytest.raises(SignatureError, match=f"{own.key_id}, which the keyring does not hold"):
+        policy.check(own.sign_event(_event()))
+
+
+def test_the_mode_given_is_the_mode_used(unsigned: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    signer = Signer.generate()
+    Keyring.of(signer.trusted()).save(tmp_path / "keyring.json")
+    unsigned.setenv("LOOMFLOW_KEYRING", str(tmp_path / "keyring.json"))
+    unsigned.setenv("LOOMFLOW_SIGNATURES", "check")
+    checking = Settings().signatures_policy()
+    assert checking.mode == "check" and "is not signed" in (checking.check(_event()) or "")
+    unsigned.setenv("LOOMFLOW_SIGNATURES", "off")
+    assert Settings().signatures_policy() == Signatures("off")
+    unsigned.setenv("LOOMFLOW_SIGNATURES", "sometimes")
+    with pytest.raises(ValidationError, match="'off', 'check' or 'require'"):
+        Settings()
+
+
+@pytest.mark.parametrize("mode", ["check", "require"])
+def test_checking_with_no_key_to_check_against_is_refused_naming_the_keyring_setting(
+    unsigned: pytest.MonkeyPatch, mode: str
+) -> None:
+    unsigned.setenv("LOOMFLOW_SIGNATURES", mode)
+    with pytest.raises(SigningKeyError, match=f"LOOMFLOW_SIGNATURES={mode} needs") as refused:
+        Settings().signatures_policy()
+    assert "set LOOMFLOW_KEYRING" in str(refused.value)
+
+
+def test_the_signing_key_is_given_once(unsigned: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    signer, seed = _keyed()
+    signer.write(tmp_path / "writer.pem")
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY_FILE", str(tmp_path / "writer.pem"))
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY", seed)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    message = str(refused.value)
+    assert "both LOOMFLOW_SIGNING_KEY_FILE and LOOMFLOW_SIGNING_KEY are set" in message
+    assert seed not in message
+
+
+def test_a_bad_key_or_keyring_is_refused_naming_where_never_the_secret(
+    unsigned: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    secret = _keyed()[1][:-2]  # 30 bytes: no key, but a secret all the same
+    unsigned.setenv("LOOMFLOW_SIGNING_KEY", secret)
+    settings = Settings()
+    assert secret not in repr(settings)
+    with pytest.raises(SigningKeyError) as refused:
+        settings.signer()
+    assert "LOOMFLOW_SIGNING_KEY is not an Ed25519 private key" in str(refused.value)
+    assert secret not in str(refused.value)
+    with pytest.raises(SigningKeyError, match="LOOMFLOW_SIGNING_KEY"):
+        settings.signatures_policy()  # the readers of a writer's process: not silently off
+
+    unsigned.delenv("LOOMFLOW_SIGNING_KEY")
+    keyring = tmp_path / "keyring.json"
+    keyring.write_text('{"keys": [{"id": "ed25519:0000000000000000", "public": "AAAA"}]}')
+    unsigned.setenv("LOOMFLOW_KEYRING", str(keyring))
+    with pytest.raises(SigningKeyError, match=f"^{re.escape(str(keyring))}: a key entry is"):
+        Settings().signatures_policy()
+    unsigned.setenv("LOOMFLOW_KEYRING", str(tmp_path / "missing.json"))
+    with pytest.raises(SigningKeyError, match=r"cannot read the keyring .*missing\.json"):
+        Settings().signatures_policy()
+
+
+def _event() -> SignalSent:
+    return SignalSent(
+        session_id="s1", run_id="run1", seq=1, epoch=1, payload={"name": "go", "data": None}
+    )

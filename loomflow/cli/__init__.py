@@ -52,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
 _MODULES: tuple[str, ...] = (
     "analytics",
     "audit",
+    "keys",
     "otel",
     "service",
     "sessions",

@@ -29,6 +29,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -59,6 +60,8 @@ __all__ = [
     "Signer",
     "TrustedKey",
     "key_id_of",
+    "public_from_text",
+    "public_text",
     "signed_bytes",
 ]
 
@@ -102,6 +105,64 @@ def _raw_public(public: Ed25519PublicKey) -> bytes:
 def key_id_of(public: Ed25519PublicKey) -> str:
     """A key's id: derived from the public key, so an id can never name another key."""
     return "ed25519:" + hashlib.sha256(_raw_public(public)).hexdigest()[:16]
+
+
+#: a key id as :func:`key_id_of` makes it, and a public key's 32 bytes in base64url
+_KEY_ID = re.compile(r"ed25519:[0-9a-f]{16}")
+_PUBLIC = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+def public_text(public: Ed25519PublicKey) -> str:
+    """A public key as ``loomflow keys public`` prints it and ``loomflow keys add`` reads
+    it: one line, its key id and its 32 raw bytes in base64url, so that the id, which
+    the owner reads out too, is checked against the key on arrival."""
+    return f"{key_id_of(public)} {_b64(_raw_public(public))}"
+
+
+def public_from_text(text: str, where: str) -> Ed25519PublicKey:
+    """The public key in ``text``: a line of :func:`public_text` (its id must be the
+    key's), the key alone in base64url, or a PEM public key. ``where`` names the file or
+    argument in errors, which never repeat the text: it may be a private key given by
+    mistake, and that is refused."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    text = text.strip()
+    if "PRIVATE KEY" in text:
+        raise SigningKeyError(
+            f"{where} holds a private key, which a keyring never takes: give its public "
+            "half, which `loomflow keys public KEYFILE` prints"
+        )
+    expected = (
+        f"{where} is not an Ed25519 public key: give the line `loomflow keys public "
+        "KEYFILE` prints (a key id and the key in base64url), or the key alone"
+    )
+    if text.startswith("-----BEGIN"):
+        try:
+            key = serialization.load_pem_public_key(text.encode())
+        except (ValueError, TypeError):
+            raise SigningKeyError(expected) from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise SigningKeyError(f"{where} holds a {type(key).__name__}, not an Ed25519 key")
+        return key
+    words = text.split()
+    named = words[0] if len(words) == 2 else None
+    if not (
+        1 <= len(words) <= 2
+        and _PUBLIC.fullmatch(words[-1])
+        and (named is None or _KEY_ID.fullmatch(named))
+    ):
+        raise SigningKeyError(expected)
+    try:
+        public = Ed25519PublicKey.from_public_bytes(_unb64(words[-1]))
+    except (ValueError, binascii.Error):
+        raise SigningKeyError(expected) from None
+    if named is not None and named != key_id_of(public):
+        raise SigningKeyError(
+            f"{where} names the key {named} but holds the key {key_id_of(public)}: it was "
+            "changed on the way; ask its owner for `loomflow keys public` again"
+        )
+    return public
 
 
 class Signer:

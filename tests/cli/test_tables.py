@@ -167,6 +167,22 @@ def test_audit_verify_fits(cli: Cli, zoo: Zoo, width: int) -> None:
     assert "verified 10 sessions" in ran.out
 
 
+def test_keys_list_fits_with_its_ids_whole(cli: Cli, width: int, tmp_path: Path) -> None:
+    keyring = str(tmp_path / "keyring.json")
+    ids = [
+        cli(
+            "keys", "new", str(tmp_path / f"{n}.pem"), "--keyring", keyring, "--role", role
+        ).out.strip()
+        for n, role in enumerate(["events", "events", "digests"])
+    ]
+    assert cli("keys", "retire", ids[0], "--keyring", keyring).code == 0
+    ran = cli("keys", "list", "--keyring", keyring)
+    assert ran.code == 0, ran.err
+    check(ran.out, width, [["key id", "roles", "added", "retired"]], [3])
+    assert all(key_id in ran.out for key_id in ids)  # whole, as `keys retire` takes them
+    assert (" UTC" in ran.out) == (width >= 120)  # compact times at 80 columns
+
+
 def test_tail_lines_fit(cli: Cli, zoo: Zoo, width: int) -> None:
     ran = cli("tail", "--no-follow", "--db", str(zoo.db))
     assert ran.code == 0, ran.err
