@@ -60,6 +60,7 @@ class SqliteLog(AuditedLog):
                     0,
                     1,
                     utcnow().isoformat(),
+                    None,
                     "{}",
                 ),
             )

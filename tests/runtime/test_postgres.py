@@ -22,6 +22,7 @@ from loomflow.errors import (
     StoreError,
 )
 from loomflow.projections import postgres as pg
+from loomflow.projections.fold import fold
 from loomflow.projections.migrations import Migrations
 from loomflow.runtime import ANY_USER, PostgresRuntime, PostgresStore, Scope, SessionWriter
 from loomflow.runtime.writer import WritePolicy
@@ -127,7 +128,7 @@ async def test_a_schema_at_an_older_version_is_migrated_on_open(dsn: str, schema
         runtime = await PostgresRuntime.connect(dsn, schema=schema)
         await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
         await runtime.close()
-        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
+        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 8
         control = await conn.fetchval(
             "SELECT data_type FROM information_schema.columns WHERE table_schema = $1 "
             "AND table_name = 'sessions' AND column_name = 'control'",
@@ -155,16 +156,18 @@ async def test_a_schema_at_version_6_gets_the_listing_indexes_and_pages_its_sess
         old = {"sessions_updated", "sessions_user_updated"}
         assert old <= await _session_indexes(conn, schema)
         # sessions of two users written at version 6, two of them last active at one moment
+        # (their rows only: the log's table has columns of later versions since)
         at = datetime(2026, 5, 6, 7, 8, 9, 654321, tzinfo=UTC)
         for user, session_id in (("ada", "s1"), (None, "s2"), ("ada", "s3")):
             claim = RunStarted(
                 user_id=user, session_id=session_id, run_id="r", seq=1, epoch=1, at=at
             )
-            assert await pg.commit_round(conn, schema, [[claim]]) == [None]
+            row, _ = fold(None, claim)
+            await pg.save_sessions(conn, schema, [row])
             at -= timedelta(microseconds=1) if session_id == "s2" else timedelta(0)
         runtime = await PostgresRuntime.connect(dsn, schema=schema)  # migrates it
         try:
-            assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
+            assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 8
             indexes = await _session_indexes(conn, schema)
             assert {"sessions_listing", "sessions_user_listing"} <= indexes
             assert not old & indexes

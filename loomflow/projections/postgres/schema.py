@@ -205,6 +205,11 @@ READ_MODEL = Migrations(
     DROP INDEX {s}.sessions_updated;
     DROP INDEX {s}.sessions_user_updated;
     """,
+        # a writer's signature of the event (schemas/signing.py), so that a reader of the
+        # log can check it; NULL for an unsigned event
+        """
+    ALTER TABLE {s}.events ADD COLUMN sig json;
+    """,
     ),
 )
 
