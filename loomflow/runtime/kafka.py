@@ -263,7 +263,11 @@ class KafkaStore(EventStore):
         self.topics = Topics.from_settings(settings)
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
-        self._reads = PostgresStore.from_settings(settings)
+        self.signer = settings.signer()
+        # the read model's store never appends: it has no use for the key
+        self._reads = PostgresStore.from_settings(
+            settings.model_copy(update={"signing_key": None, "signing_key_file": None})
+        )
         self._producer = EventProducer(
             self.bootstrap, self.topics, ack_timeout=settings.kafka_ack_timeout
         )
@@ -332,7 +336,7 @@ class KafkaStore(EventStore):
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event]) -> None:
         """Append to the log; return once Kafka acknowledged these events and any this
         store sent earlier for the same sessions.
 
@@ -344,7 +348,7 @@ class KafkaStore(EventStore):
         pending = await self._enqueue(events)
         await self._settle({scope_of(e) for e in events}, pending)
 
-    async def send(self, events: Sequence[Event]) -> None:
+    async def _send(self, events: Sequence[Event]) -> None:
         """Hand events to the producer and return; the session's next ``append`` (or
         ``confirm``) waits for their acknowledgement and raises their failure."""
         if not events:

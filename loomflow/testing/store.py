@@ -253,6 +253,30 @@ class StoreConformance(Suite):
             assert [keyring.event_problem(e) for e in read] == [None] * len(signed)
             assert plain.sig is None and "sig" not in plain.model_dump(mode="json")
 
+    async def test_a_store_with_a_key_signs_what_it_appends_and_keeps_a_signature_given(
+        self, store: EventStore, new_store: Opened[EventStore]
+    ) -> None:
+        ours, theirs = Signer.generate(), Signer.generate()
+        keyring = Keyring.of(ours.trusted(), theirs.trusted())
+        store.signer = ours  # what the settings' LOOMFLOW_SIGNING_KEY gives a store
+        log = SessionLog("s1", "alice")
+        claim = log.claim()
+        copied = theirs.sign_event(log.turn("signed where it was written"))
+        events: list[Event] = [claim, copied, log.turn("q")]
+        await store.send(events[:1])
+        await commit(store, events[1:])
+        again = events[2]  # a retry of an append whose outcome was not seen: the same bytes
+        await commit(store, [again])
+        read = await new_store().read_events(log.scope)
+        assert [e.event_id for e in read] == [e.event_id for e in events]
+        assert [e.sig.key if e.sig else None for e in read] == [
+            ours.key_id,
+            theirs.key_id,
+            ours.key_id,
+        ]
+        assert [keyring.event_problem(e) for e in read] == [None, None, None]
+        assert read[2] == ours.sign_event(again)
+
     async def test_the_session_row_follows_its_events(self, store: EventStore) -> None:
         log = SessionLog("s1")
         claim = log.claim()
