@@ -87,6 +87,7 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
         errors.RunCancelledError,
         errors.SequenceConflictError,
         errors.SessionErasedError,
+        errors.SignatureError,
     )
 }
 
@@ -264,6 +265,8 @@ class KafkaStore(EventStore):
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
         self.signer = settings.signer()
+        #: the rule of signatures the projector applies, applied to the unprojected tail
+        self.signatures = settings.signatures_policy()
         # the read model's store never appends: it has no use for the key
         self._reads = PostgresStore.from_settings(
             settings.model_copy(update={"signing_key": None, "signing_key_file": None})
@@ -620,7 +623,9 @@ class KafkaStore(EventStore):
         position from ``projected_session``) to its end.
 
         Empty unless the projector lags: then the lagging part of one partition is read,
-        so a resume never waits for the read model to catch up.
+        so a resume never waits for the read model to catch up. What the projector
+        refuses is left out: what does not decode, and with signatures required an event
+        whose signature does not hold.
         """
         await self.start()
         key = scope_key(scope.user_id, scope.session_id)
@@ -644,6 +649,7 @@ class KafkaStore(EventStore):
                             continue
                         try:
                             event = decode_event(record.value or b"")
+                            self.signatures.check(event)  # a forgery is never replayed
                         except InvalidEventError:
                             continue  # dead-lettered by the projector; never part of it
                         if event.seq > after_seq and event.seq not in taken:
