@@ -34,12 +34,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from loomflow.analytics.tally import Stats, Tally
-from loomflow.errors import InvalidEventError, StoreError
+from loomflow.errors import InvalidEventError, SignatureError, StoreError
 from loomflow.log.apps import new_app
 from loomflow.log.reader import committed_offsets
 from loomflow.producers import Topics, scope_key
 from loomflow.producers.topics import started
 from loomflow.schemas.codec import decode_event
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.settings import Settings
 
 __all__ = ["LEDGERS", "changelog_topic", "count_record", "create_app", "lag", "read_stats"]
@@ -56,12 +57,18 @@ def changelog_topic(settings: Settings) -> str:
 
 
 def count_record(
-    ledgers: MutableMapping[bytes, bytes], key: bytes | None, raw: bytes | None, where: str
+    ledgers: MutableMapping[bytes, bytes],
+    key: bytes | None,
+    raw: bytes | None,
+    where: str,
+    signatures: Signatures = NO_SIGNATURES,
 ) -> bytes:
     """Count one record of the events topic into ``ledgers``; return the key it changed.
 
     ``where`` (``partition:offset``) names the record in the log messages of what is
-    skipped. Never raises for a bad record: it is counted as skipped and logged.
+    skipped. Never raises for a bad record: it is counted as skipped and logged. An event
+    whose signature ``signatures`` refuses is skipped too (``unverified``); one it only
+    marks (``check``) is counted, with a warning.
     """
     partition = where.split(":", 1)[0]
     try:
@@ -69,6 +76,13 @@ def count_record(
     except InvalidEventError as exc:
         logger.warning("analytics: record %s skipped: %s", where, exc)
         return _skip(ledgers, partition, "undecodable")
+    try:
+        problem = signatures.check(event)
+    except SignatureError as exc:
+        logger.warning("analytics: record %s skipped: %s", where, exc)
+        return _skip(ledgers, partition, "unverified")
+    if problem is not None:
+        logger.warning("analytics: record %s counted, but %s", where, problem)
     scope = scope_key(event.user_id, event.session_id)
     if key != scope:
         logger.warning(
@@ -101,6 +115,7 @@ def create_app(settings: Settings | None = None) -> faust.App:
     settings = Settings.resolve(settings)
     topics = Topics.from_settings(settings)
     app = new_app(settings.analytics_group, settings)
+    signatures = settings.signatures_policy()
     events = app.topic(topics.events, key_type=bytes, value_type=bytes)
     # a faust table is a mapping that sends each change to its changelog
     ledgers = cast(
@@ -112,7 +127,8 @@ def create_app(settings: Settings | None = None) -> faust.App:
     async def count(stream: faust.StreamT[bytes]) -> None:
         async for event in stream.events():
             message = event.message
-            count_record(ledgers, event.key, event.value, f"{message.partition}:{message.offset}")
+            where = f"{message.partition}:{message.offset}"
+            count_record(ledgers, event.key, event.value, where, signatures)
 
     return app
 

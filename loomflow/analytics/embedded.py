@@ -6,7 +6,9 @@ position (``log.reader``) from where it stopped, counts each batch with
 the next position, in one transaction: running it again adds nothing, and a crash between
 two batches loses nothing. A record that does not decode, or that :func:`admit` refuses,
 is counted as skipped and its reason logged (and kept in ``stats_skipped``); it never stops
-the update. :func:`load` reads the tables back as :class:`Stats`. The file's tables, their
+the update. So is an event whose signature the reader's rule refuses (kind
+``unverified``); one it only marks (``check``) is counted, and tallied in ``Progress``.
+:func:`load` reads the tables back as :class:`Stats`. The file's tables, their
 migrations and statements are the SQLite dialect's (``projections/sqlite/stats.py``).
 """
 
@@ -39,6 +41,7 @@ from loomflow.projections.rows import stored_user as _uid
 from loomflow.projections.sqlite import SqliteThread, immediate
 from loomflow.projections.sqlite import stats as sql
 from loomflow.schemas.clock import utcnow
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 
 __all__ = ["Progress", "load", "stats_path", "update"]
 
@@ -62,6 +65,8 @@ class Progress:
     records: int
     counted: int
     skipped: int
+    #: counted although their signature does not hold (signatures in ``check`` mode)
+    unverified: int = 0
 
 
 def _load_state(conn: sqlite3.Connection, tally: Tally, scopes: Iterable[ScopeKey]) -> None:
@@ -145,10 +150,15 @@ def _count(
             continue  # a mark left by prune: no event, nothing to count
         if record.event is None:
             reason = record.error or "does not decode"
+            kind = "undecodable" if record.signature_problem is None else "unverified"
             logger.warning("stats: log record %s skipped: %s", record.position, reason)
-            tally.skip("undecodable")
-            skips.append((record.position, "undecodable", reason))
+            tally.skip(kind)
+            skips.append((record.position, kind, reason))
             continue
+        if record.signature_problem is not None:
+            logger.warning(
+                "stats: log record %s counted, but %s", record.position, record.signature_problem
+            )
         # the embedded log may have gaps where prune removed old journal steps
         verdict = tally.add(record.event, contiguous=False)
         if verdict.refused is not None:
@@ -159,10 +169,15 @@ def _count(
 
 
 async def update(
-    journal: Path, stats: Path | None = None, *, on_batch: Callable[[int], None] | None = None
+    journal: Path,
+    stats: Path | None = None,
+    *,
+    on_batch: Callable[[int], None] | None = None,
+    signatures: Signatures = NO_SIGNATURES,
 ) -> Progress:
     """Bring the tables in ``stats`` (default :func:`stats_path`) up to the end of the
-    journal's log; return how many records this call read, counted and skipped."""
+    journal's log, reading it with the rule of ``signatures``; return how many records
+    this call read, counted and skipped."""
     if not await asyncio.to_thread(journal.exists):
         raise StoreError(f"no journal at {journal}: pass the SQLite file your runtime writes")
     await require_log(journal)  # before a stats database is made beside something else
@@ -170,8 +185,8 @@ async def update(
     tables = SqliteThread(lambda: sql.connect_stats(path), f"the stats database {path}")
     try:
         start = dict(await tables.call(sql.positions))
-        reader = sqlite_reader(journal, start=start or "beginning")
-        records = counted = skipped = 0
+        reader = sqlite_reader(journal, start=start or "beginning", signatures=signatures)
+        records = counted = skipped = unverified = 0
         async with reader:
             async for batch in drain(reader):
                 tally, skips = await tables.call(_count, batch)
@@ -179,9 +194,10 @@ async def update(
                 records += len(batch)
                 skipped += len(skips)
                 counted += sum(1 for r in batch if r.note is None) - len(skips)
+                unverified += sum(1 for r in batch if r.event and r.signature_problem)
                 if on_batch is not None:
                     on_batch(records)
-        return Progress(records, counted, skipped)
+        return Progress(records, counted, skipped, unverified)
     finally:
         await tables.close()
 

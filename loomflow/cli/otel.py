@@ -147,6 +147,11 @@ async def _run(
                     f"{count(len(done.traces), 'trace')}) from "
                     f"{count(done.records, 'new record')} of {reader.source} to {url}, "
                     f"{done.refused} refused"
+                    + (
+                        f", {done.unverified} with a signature that does not hold"
+                        if done.unverified
+                        else ""
+                    )
                 )
     finally:
         sink.close()

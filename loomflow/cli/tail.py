@@ -202,6 +202,8 @@ def _line(record: LogRecord, as_json: bool, width: int | None = None) -> str:
     if as_json:
         if record.event is not None:
             body: dict[str, Any] = record.event.model_dump(mode="json")
+            if record.signature_problem is not None:  # LOOMFLOW_SIGNATURES=check
+                body["signature_problem"] = record.signature_problem
         elif record.note is not None:
             note = record.note
             body = {
@@ -229,12 +231,15 @@ def _line(record: LogRecord, as_json: bool, width: int | None = None) -> str:
             )
         return f"{record.position}  invalid record: {record.error}"
     event = record.event
+    detail = describe(event)
+    if record.signature_problem is not None:  # LOOMFLOW_SIGNATURES=check: shown, marked
+        detail = f"[signature does not hold] {detail}"
     return _fitted(
         f"{event.at:%H:%M:%S.%f}"[:-3],
         event.session_id,
         event.user_id or "-",
         f"#{event.seq}  {event.type}",
-        describe(event),
+        detail,
         width,
     )
 

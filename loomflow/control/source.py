@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from loomflow.log.reader import LogReader
     from loomflow.projections.audit import Trail
     from loomflow.runtime import Runtime
+    from loomflow.schemas.signing import Signatures
     from loomflow.settings import Settings
 
 __all__ = ["Access", "Source", "quiet_kafka", "read_settings"]
@@ -160,23 +161,42 @@ class Source:
         )
         return Runtime(PostgresStore.from_settings(self._scaled, max_size=2, create=False))
 
+    def signatures(self) -> Signatures:
+        """What this command's readers of the log do with events' signatures: the
+        settings' ``signatures_policy()`` (an embedded log's from the ``LOOMFLOW_*``
+        environment). Raises SigningKeyError for a keyring that cannot be read, or
+        settings that do not validate (after printing why)."""
+        from loomflow.errors import SigningKeyError
+
+        settings = self.settings or read_settings()
+        if settings is None:
+            raise SigningKeyError(
+                "the LOOMFLOW_* settings do not validate (see above), so which signatures "
+                "to check is not known: fix them first"
+            )
+        return settings.signatures_policy()
+
     def reader(
         self,
         *,
         group: str | None = None,
         start: Literal["beginning", "end", "committed"] | dict[int, int] = "beginning",
+        signatures: Signatures | None = None,
     ) -> LogReader:
         """The reader of the log, not open yet: of the embedded log from a position
-        (``{0: next}``), or of the Kafka topic in ``group`` (None: in no group)."""
+        (``{0: next}``), or of the Kafka topic in ``group`` (None: in no group). It
+        applies ``signatures`` (None: the settings', see ``signatures``; a reader of the
+        raw records passes ``NO_SIGNATURES``)."""
         from loomflow.log.reader import kafka_reader, sqlite_reader
 
+        rule = self.signatures() if signatures is None else signatures
         if self.db is not None:
             if start == "committed":
                 raise ValueError("an embedded log keeps no group positions")
-            return sqlite_reader(self.db, start=start)
+            return sqlite_reader(self.db, start=start, signatures=rule)
         if isinstance(start, dict):
             raise ValueError("a Kafka reader starts at its group's offsets")
-        return kafka_reader(self._scaled, group=group, start=start)
+        return kafka_reader(self._scaled, group=group, start=start, signatures=rule)
 
     def trail(self, path: Path | None = None, *, create: bool = True) -> Trail:
         """The audit trail, not open yet: of an embedded log, the file ``path`` (default:
@@ -209,11 +229,16 @@ class Source:
         if self.db is not None:
             from loomflow.analytics import embedded
 
-            progress = await embedded.update(self.db, stats_db)
+            progress = await embedded.update(self.db, stats_db, signatures=self.signatures())
             if progress.skipped:
                 warn(
                     f"{progress.skipped} of {progress.records} new log records were not "
                     "counted (see the warnings above)"
+                )
+            if progress.unverified:
+                warn(
+                    f"{progress.unverified} of {progress.records} new log records were "
+                    "counted with a signature that does not hold (LOOMFLOW_SIGNATURES=check)"
                 )
             path = stats_db or embedded.stats_path(self.db)
             return await asyncio.to_thread(embedded.load, path, source=f"journal {self.db}")

@@ -12,7 +12,12 @@ embedded default (a SQLite file) gets every consumer a Kafka user gets.
   beginning or the end (``loomflow tail``).
 
 A record that does not decode is returned with ``event=None`` and the reason, never
-raised: no consumer stops on one bad record.
+raised: no consumer stops on one bad record. Each reader applies the one rule of
+signatures its ``signatures`` give (:class:`~loomflow.schemas.signing.Signatures`, the
+settings' ``signatures_policy()`` where a command opens it): with ``require`` an event
+whose signature does not hold comes back refused as such a record (``event=None``, its
+reason in ``error``, its bytes in ``raw``), so every consumer skips it; with ``check``
+it comes back with its ``signature_problem`` marked, for the consumer to count.
 """
 
 from __future__ import annotations
@@ -20,18 +25,19 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 
-from loomflow.errors import CorruptRecordError, InvalidEventError, StoreError
+from loomflow.errors import CorruptRecordError, InvalidEventError, SignatureError, StoreError
 from loomflow.lifecycle import Resource
 from loomflow.projections import sqlite as sql
 from loomflow.schemas import Event
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 
 if TYPE_CHECKING:
     from aiokafka import AIOKafkaConsumer
@@ -123,6 +129,21 @@ class LogReader(Resource):
         """Whether every record in the log when called has been returned by ``read``."""
 
 
+def _signed(record: LogRecord, signatures: Signatures, raw: Callable[[], bytes]) -> LogRecord:
+    """The record as the rule of ``signatures`` leaves it: as it is, marked with its
+    signature's problem (``check``), or refused with it like a record that does not
+    decode (``require``; ``raw`` gives its bytes)."""
+    if record.event is None or signatures.mode == "off":
+        return record
+    try:
+        problem = signatures.check(record.event)
+    except SignatureError as exc:
+        return replace(
+            record, event=None, error=exc.reason, raw=raw(), signature_problem=exc.reason
+        )
+    return record if problem is None else replace(record, signature_problem=problem)
+
+
 async def drain(reader: LogReader, max_records: int = 1000) -> AsyncIterator[list[LogRecord]]:
     """Batches of records until the reader has caught up with the log as it was."""
     while True:
@@ -137,20 +158,30 @@ async def drain(reader: LogReader, max_records: int = 1000) -> AsyncIterator[lis
 
 
 def sqlite_reader(
-    path: str | Path, *, start: Literal["beginning", "end"] | dict[int, int] = "beginning"
+    path: str | Path,
+    *,
+    start: Literal["beginning", "end"] | dict[int, int] = "beginning",
+    signatures: Signatures = NO_SIGNATURES,
 ) -> LogReader:
     """A reader of the SQLite log at ``path``; ``start`` is a position kept by the
-    consumer (``{0: next_position}``, as ``next_positions()`` returned it)."""
-    return _SqliteReader(Path(path), start)
+    consumer (``{0: next_position}``, as ``next_positions()`` returned it); what it does
+    with events' signatures, ``signatures`` says (by default nothing)."""
+    return _SqliteReader(Path(path), start, signatures)
 
 
 class _SqliteReader(LogReader):
     removes_records = True
 
-    def __init__(self, path: Path, start: Literal["beginning", "end"] | dict[int, int]) -> None:
+    def __init__(
+        self,
+        path: Path,
+        start: Literal["beginning", "end"] | dict[int, int],
+        signatures: Signatures,
+    ) -> None:
         self.path = path
         self.source = f"SQLite log {path}"
         self._start = start
+        self._signatures = signatures
         self._after = 0 if not isinstance(start, dict) else start.get(0, 1) - 1
         self._thread = sql.SqliteThread(self._connect, f"the reader of {path}")
 
@@ -178,7 +209,8 @@ class _SqliteReader(LogReader):
     def _fetch(self, conn: sqlite3.Connection, limit: int) -> list[LogRecord]:
         rows, notes = sql.log_rows_after(conn, self._after, limit)
         records = sorted(
-            [_event_record(row) for row in rows] + [_note_record(row) for row in notes],
+            [_event_record(row, self._signatures) for row in rows]
+            + [_note_record(row) for row in notes],
             key=lambda r: r.offset,
         )[:limit]
         if records:
@@ -205,23 +237,29 @@ async def require_log(path: str | Path) -> None:
     await asyncio.to_thread(lambda: _open_log(Path(path)).close())
 
 
-def _unreadable(columns: str, row: Sequence[Any], error: str) -> LogRecord:
-    """A row that does not decode, kept as JSON of its columns (bytes as escaped text)."""
-    raw = orjson.dumps(
+def _row_bytes(columns: str, row: Sequence[Any]) -> bytes:
+    """A row as JSON of its columns (bytes as escaped text): what a refused row keeps."""
+    return orjson.dumps(
         dict(zip(columns.split(", "), row, strict=True)),
         default=lambda value: (
             value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
         ),
     )
+
+
+def _unreadable(columns: str, row: Sequence[Any], error: str) -> LogRecord:
+    """A row that does not decode, kept as JSON of its columns."""
+    raw = _row_bytes(columns, row)
     return LogRecord(0, row[0], None, error=error, raw=raw, partitioned=False)
 
 
-def _event_record(row: Sequence[Any]) -> LogRecord:
+def _event_record(row: Sequence[Any], signatures: Signatures) -> LogRecord:
     try:
         event = sql.decode_event_row(row)
     except CorruptRecordError as exc:
         return _unreadable(sql.EVENT_COLUMNS, row, str(exc))
-    return LogRecord(0, row[0], event, partitioned=False)
+    record = LogRecord(0, row[0], event, partitioned=False)
+    return _signed(record, signatures, lambda: _row_bytes(sql.EVENT_COLUMNS, row))
 
 
 def _note_record(row: Sequence[Any]) -> LogRecord:
@@ -261,6 +299,7 @@ def kafka_reader(
     *,
     group: str | None,
     start: Literal["committed", "beginning", "end"] | dict[int, int] = "committed",
+    signatures: Signatures = NO_SIGNATURES,
 ) -> LogReader:
     """A reader of the events topic the settings name.
 
@@ -268,7 +307,8 @@ def kafka_reader(
     offsets (the beginning when it has none); ``commit()`` moves them. With no group it
     reads every partition from the ``beginning``, the ``end``, or the positions its
     consumer kept (partition -> next offset, as ``next_positions()`` gave them; a
-    partition not named from its beginning).
+    partition not named from its beginning). What it does with events' signatures,
+    ``signatures`` says (by default nothing).
     """
     from loomflow.settings import Settings
 
@@ -277,7 +317,7 @@ def kafka_reader(
         raise ValueError("a reader with no consumer group starts at 'beginning' or 'end'")
     if group is not None and start != "committed":
         raise ValueError("a consumer group starts at its committed offsets")
-    return _KafkaReader(settings, group, start)
+    return _KafkaReader(settings, group, start, signatures)
 
 
 class _KafkaReader(LogReader):
@@ -286,8 +326,10 @@ class _KafkaReader(LogReader):
         settings: Settings,
         group: str | None,
         start: Literal["committed", "beginning", "end"] | dict[int, int],
+        signatures: Signatures,
     ) -> None:
         self.settings = settings
+        self._signatures = signatures
         self.group = group
         self.topic = settings.events_topic
         self.source = f"Kafka topic {self.topic}" + (f" (group {group})" if group else "")
@@ -360,7 +402,7 @@ class _KafkaReader(LogReader):
         records = []
         for tp, batch in sorted(fetched.items(), key=lambda item: item[0].partition):
             for record in batch:
-                records.append(_kafka_record(record))
+                records.append(_kafka_record(record, self._signatures))
             if batch:
                 self._next[tp.partition] = batch[-1].offset + 1
         return records
@@ -395,14 +437,15 @@ class _KafkaReader(LogReader):
         return True
 
 
-def _kafka_record(record: Any) -> LogRecord:
+def _kafka_record(record: Any, signatures: Signatures) -> LogRecord:
     from loomflow.log.records import decode_record
 
     try:
         event, _ = decode_record(record)
     except InvalidEventError as exc:
         return LogRecord(record.partition, record.offset, None, error=exc.reason, raw=record.value)
-    return LogRecord(record.partition, record.offset, event)
+    read = LogRecord(record.partition, record.offset, event)
+    return _signed(read, signatures, lambda: bytes(record.value))
 
 
 async def committed_offsets(settings: Settings, group: str) -> dict[int, int]:

@@ -44,6 +44,8 @@ class Exported:
     records: int = 0
     spans: int = 0
     refused: int = 0
+    #: events folded although their signature does not hold (signatures in ``check``)
+    unverified: int = 0
     traces: set[str] = field(default_factory=set)
     #: runs whose span was sent (a run ends once)
     runs: int = 0
@@ -80,7 +82,7 @@ class TraceExporter:
         states = await self.state.load(scopes)
         changed: dict[ScopeKey, SessionTrace] = {}
         spans: list[Span] = []
-        refused = 0
+        refused = unverified = 0
         for record in records:
             event = record.event
             if event is None:
@@ -88,6 +90,11 @@ class TraceExporter:
                     logger.warning("otel: record at %s refused: %s", record.position, record.error)
                     refused += 1
                 continue
+            if record.signature_problem is not None:
+                logger.warning(
+                    "otel: record at %s folded, but %s", record.position, record.signature_problem
+                )
+                unverified += 1
             scope = (event.user_id, event.session_id)
             state = states.setdefault(scope, SessionTrace())
             folded = fold(state, event, contiguous=record.partitioned)
@@ -110,6 +117,7 @@ class TraceExporter:
         self.done.records += len(records)
         self.done.spans += len(spans)
         self.done.refused += refused
+        self.done.unverified += unverified
         self.done.traces.update(s.trace_id for s in spans)
         self.done.runs += sum(1 for s in spans if s.parent_id is None)
 

@@ -8,9 +8,11 @@ the consumer seeks to the offsets stored in PostgreSQL, not to Kafka's committed
 
 Nothing on the topic stops it: a record that does not decode, that the fold refuses, or
 that PostgreSQL refuses as data is dead-lettered (bytes kept whole, with the reason) and
-the partition moves on. Anything else that fails a round (a lost connection, a broker
-restart) is logged and the round is retried from the stored positions, with a bounded
-back-off; the worker itself never ends on an error.
+the partition moves on. So is an event whose signature does not hold when the settings
+require signatures (``LOOMFLOW_SIGNATURES``; in ``check`` mode it is projected, counted
+and logged). Anything else that fails a round (a lost connection, a broker restart) is
+logged and the round is retried from the stored positions, with a bounded back-off; the
+worker itself never ends on an error.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
 
-from loomflow.errors import InvalidEventError, StoreError
+from loomflow.errors import InvalidEventError, SignatureError, StoreError
 from loomflow.log.records import decode_record
 from loomflow.processors.snapshots import SnapshotPublisher
 from loomflow.producers import EventProducer, Topics
@@ -39,6 +41,7 @@ from loomflow.projections import postgres as pg
 from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
 from loomflow.schemas.events import CLAIM_TYPES, MAX_EVENT_BYTES
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.settings import Settings
 
 __all__ = ["DeadLetter", "Projector", "apply_records", "tune_gc"]
@@ -68,6 +71,8 @@ HEARTBEAT_SECONDS = 2.0
 class _Outcome:
     applied: list[Event] = field(default_factory=list)
     dead: list[DeadLetterRow] = field(default_factory=list)
+    #: events projected although their signature does not hold (``check`` mode)
+    unverified: int = 0
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -141,17 +146,20 @@ async def apply_records(
     schema: str,
     consumer: str,
     batches: Mapping[TopicPartition, Sequence[Any]],
+    signatures: Signatures = NO_SIGNATURES,
 ) -> _Outcome:
     """Fold partitions' records into the read model, in the caller's transaction.
 
-    Records that do not decode, or that the fold or PostgreSQL refuse, become dead
-    letters with their reason; runtimes hear of new epochs and refused events when the
-    transaction commits; each partition's next offset is saved for ``consumer``. A
-    session's events are all in one partition, so merging partitions keeps its order.
+    Records that do not decode, whose signature ``signatures`` refuses, or that the fold
+    or PostgreSQL refuse, become dead letters with their reason; runtimes hear of new
+    epochs and refused events when the transaction commits; each partition's next offset
+    is saved for ``consumer``. A session's events are all in one partition, so merging
+    partitions keeps its order.
     """
     outcome = _Outcome()
     candidates: list[tuple[Event, TopicPartition, Any]] = []
     payloads: dict[int, str] = {}
+    refused: list[tuple[Event, DeadLetterRow]] = []
     for tp, records in batches.items():
         for record in records:
             try:
@@ -159,10 +167,21 @@ async def apply_records(
             except InvalidEventError as exc:
                 outcome.dead.append(_letter(tp, record, exc))
                 continue
+            try:
+                problem = signatures.check(event)
+            except SignatureError as exc:  # its writer hears of it, as of any refusal
+                letter = _letter(tp, record, exc, event)
+                outcome.dead.append(letter)
+                refused.append((event, letter))
+                continue
+            if problem is not None:
+                outcome.unverified += 1
+                logger.warning(
+                    "projected %s/%s@%s, but %s", tp.topic, tp.partition, record.offset, problem
+                )
             candidates.append((event, tp, record))
             if payload is not None:
                 payloads[id(event)] = payload
-    refused: list[tuple[Event, DeadLetterRow]] = []
     try:
         async with conn.transaction():  # the whole batch at once: the common case
             await pg.apply_events(conn, schema, [event for event, _, _ in candidates], payloads)
@@ -288,7 +307,11 @@ class Projector:
         self._producer: EventProducer | None = None
         self.applied = 0
         self.dead_lettered = 0
+        #: events projected although their signature does not hold (``check`` mode)
+        self.signature_problems = 0
         self.failed_rounds = 0
+        #: what it does with events' signatures (the settings' LOOMFLOW_SIGNATURES)
+        self.signatures = settings.signatures_policy()
         self.snapshot_interval = snapshot_interval
         self._snapshots: SnapshotPublisher | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -578,9 +601,12 @@ class Projector:
         """Apply partitions' records and their next offsets in one transaction."""
         assert self._pool is not None
         async with self._pool.acquire() as conn, conn.transaction():
-            outcome = await apply_records(conn, self.schema, self.group_id, batches)
+            outcome = await apply_records(
+                conn, self.schema, self.group_id, batches, self.signatures
+            )
         self.applied += len(outcome.applied)
         self.dead_lettered += len(outcome.dead)
+        self.signature_problems += outcome.unverified
         await self._after_commit(outcome)
 
     async def _after_commit(self, outcome: _Outcome) -> None:

@@ -40,7 +40,8 @@ async def rebuild(
     """Fold every record of the events topic, up to its current end, into ``schema``.
 
     The schema must be new or empty: a rebuild never mixes with an existing read model.
-    Records that do not apply are dead-lettered there, as the live projector does.
+    Records that do not apply are dead-lettered there, as the live projector does (with
+    the same rule of signatures, the settings').
     Positions are saved under the settings' projector group, so a processor with the
     same settings pointed at the rebuilt schema goes on from where the rebuild stopped.
     """
@@ -48,6 +49,7 @@ async def rebuild(
     topics = Topics.from_settings(settings)
     bootstrap, dsn = settings.kafka_bootstrap, settings.postgres_dsn
     consumer = settings.projector_group
+    signatures = settings.signatures_policy()
     pg.check_schema(schema)
     try:
         conn = await asyncpg.connect(dsn, timeout=settings.connect_timeout)
@@ -89,7 +91,7 @@ async def rebuild(
                 if not records:
                     continue
                 async with conn.transaction():
-                    outcome = await apply_records(conn, schema, consumer, {tp: records})
+                    outcome = await apply_records(conn, schema, consumer, {tp: records}, signatures)
                 done += len(records)
                 applied += len(outcome.applied)
                 dead += len(outcome.dead)

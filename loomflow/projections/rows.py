@@ -31,6 +31,7 @@ __all__ = [
     "decoded_events",
     "event_from_row",
     "session_from_row",
+    "sig_json",
     "stored_user",
     "totals_from_row",
 ]
@@ -67,7 +68,18 @@ CHECKPOINT_FIELDS = (
     "cursor",
     "created_at",
 )
-EVENT_FIELDS = ("user_id", "session_id", "seq", "type", "event_id", "run_id", "epoch", "v", "at")
+EVENT_FIELDS = (
+    "user_id",
+    "session_id",
+    "seq",
+    "type",
+    "event_id",
+    "run_id",
+    "epoch",
+    "v",
+    "at",
+    "sig",
+)
 #: the keys of a usage column's JSON (model_dump_json writes every one), which
 #: session_totals sums in this order
 USAGE_FIELDS = tuple(Usage.model_fields)
@@ -235,12 +247,20 @@ def checkpoint_from_row(row: Sequence[Any]) -> CheckpointRow:
         raise CorruptRecordError(f"checkpoint row {row[0]!r} does not decode: {exc}") from exc
 
 
+def sig_json(event: Event) -> str | None:
+    """The ``sig`` column of the event's log row: its signature as JSON, None (NULL) when
+    it is not signed."""
+    return None if event.sig is None else event.sig.model_dump_json()
+
+
 def event_from_row(row: Sequence[Any], payload: str | bytes, where: str) -> Event:
     """The event of one log row: the columns of EVENT_FIELDS and its payload JSON;
     ``where`` names the row in the error when it does not decode."""
     fields = dict(zip(EVENT_FIELDS, row, strict=True))
     fields["user_id"] = fields["user_id"] or None
     try:
+        if fields["sig"] is not None:
+            fields["sig"] = orjson.loads(fields["sig"])
         fields["payload"] = orjson.loads(payload)
         return decode_event(fields)
     except (orjson.JSONDecodeError, ValueError) as exc:

@@ -118,6 +118,8 @@ class Runtime(Resource):
             retry_seconds=retry_seconds,
         )
         self._store = store
+        if store.signer is None:  # a store built apart signs with the runtime's key
+            store.signer = resolved.signer()
         #: checkpoints a session keeps (< 1 keeps all)
         self.max_checkpoints_per_session = resolved.max_checkpoints_per_session
         self.serializer: Serializer = resolved.serializer

@@ -27,11 +27,15 @@ class InProcStore(EventStore):
 
     appends_bounded = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, settings: Settings | None = None) -> None:
+        """``settings`` (by default the ``LOOMFLOW_*`` environment) give its signing key."""
+        from loomflow.settings import Settings
+
+        self.signer = Settings.resolve(settings).signer()
         self._memory = MemoryLog()
         self._lock = asyncio.Lock()
 
-    async def append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event]) -> None:
         async with self._lock:
             apply_batch(self._memory, events)  # raises before any change
 
@@ -76,11 +80,14 @@ class InProcRuntime(Runtime):
         retry_seconds: float | None = None,
         settings: Settings | None = None,
     ) -> None:
+        from loomflow.settings import Settings
+
+        resolved = Settings.resolve(settings)
         super().__init__(
-            InProcStore(),
+            InProcStore(settings=resolved),
             max_checkpoints_per_session=max_checkpoints_per_session,
             serializer=serializer,
             lease_seconds=lease_seconds,
             retry_seconds=retry_seconds,
-            settings=settings,
+            settings=resolved,
         )

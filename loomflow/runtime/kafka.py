@@ -87,6 +87,7 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
         errors.RunCancelledError,
         errors.SequenceConflictError,
         errors.SessionErasedError,
+        errors.SignatureError,
     )
 }
 
@@ -263,7 +264,13 @@ class KafkaStore(EventStore):
         self.topics = Topics.from_settings(settings)
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
-        self._reads = PostgresStore.from_settings(settings)
+        self.signer = settings.signer()
+        #: the rule of signatures the projector applies, applied to the unprojected tail
+        self.signatures = settings.signatures_policy()
+        # the read model's store never appends: it has no use for the key
+        self._reads = PostgresStore.from_settings(
+            settings.model_copy(update={"signing_key": None, "signing_key_file": None})
+        )
         self._producer = EventProducer(
             self.bootstrap, self.topics, ack_timeout=settings.kafka_ack_timeout
         )
@@ -332,7 +339,7 @@ class KafkaStore(EventStore):
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event]) -> None:
         """Append to the log; return once Kafka acknowledged these events and any this
         store sent earlier for the same sessions.
 
@@ -344,7 +351,7 @@ class KafkaStore(EventStore):
         pending = await self._enqueue(events)
         await self._settle({scope_of(e) for e in events}, pending)
 
-    async def send(self, events: Sequence[Event]) -> None:
+    async def _send(self, events: Sequence[Event]) -> None:
         """Hand events to the producer and return; the session's next ``append`` (or
         ``confirm``) waits for their acknowledgement and raises their failure."""
         if not events:
@@ -616,7 +623,9 @@ class KafkaStore(EventStore):
         position from ``projected_session``) to its end.
 
         Empty unless the projector lags: then the lagging part of one partition is read,
-        so a resume never waits for the read model to catch up.
+        so a resume never waits for the read model to catch up. What the projector
+        refuses is left out: what does not decode, and with signatures required an event
+        whose signature does not hold.
         """
         await self.start()
         key = scope_key(scope.user_id, scope.session_id)
@@ -640,6 +649,7 @@ class KafkaStore(EventStore):
                             continue
                         try:
                             event = decode_event(record.value or b"")
+                            self.signatures.check(event)  # a forgery is never replayed
                         except InvalidEventError:
                             continue  # dead-lettered by the projector; never part of it
                         if event.seq > after_seq and event.seq not in taken:

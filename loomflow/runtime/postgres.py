@@ -60,7 +60,7 @@ class PostgresStore(DatabaseStore):
     that lost a race gets a typed refusal. The pool is created on first use (or by
     ``open``), and the schema is created and migrated then. ``create=False`` opens only
     a schema that exists (for tools that inspect one): a missing one raises StoreError
-    and is not created.
+    and is not created. The settings' signing key signs what it appends.
     """
 
     def __init__(
@@ -95,6 +95,7 @@ class PostgresStore(DatabaseStore):
         self._connect_timeout = resolved.connect_timeout
         self.auto_migrate = resolved.auto_migrate
         self.create = create
+        self.signer = resolved.signer()
         self._pool: asyncpg.Pool | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening = asyncio.Lock()
@@ -220,7 +221,7 @@ class PostgresStore(DatabaseStore):
 
     # -- writes ----------------------------------------------------------------------------
 
-    async def append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event]) -> None:
         if not events:
             return
         await self._ready()  # fail here, not in the drainer, when the store cannot open

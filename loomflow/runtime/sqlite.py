@@ -61,7 +61,8 @@ class SqliteStore(DatabaseStore):
 
     ``create=False`` opens only a file that already is a loomflow store (for tools that
     inspect one): a missing file or another application's database raises StoreError
-    and is left as it was.
+    and is left as it was. ``settings`` (by default the ``LOOMFLOW_*`` environment) give
+    the busy timeout, unless ``busy_timeout_ms`` is given, and the signing key.
     """
 
     #: a commit on the event loop never waits; on the store's thread, for busy_timeout_ms
@@ -73,13 +74,16 @@ class SqliteStore(DatabaseStore):
         *,
         busy_timeout_ms: int | None = None,
         create: bool = True,
+        settings: Settings | None = None,
     ) -> None:
-        self.path = Path(path)
-        if busy_timeout_ms is None:
-            from loomflow.settings import Settings
+        from loomflow.settings import Settings
 
-            busy_timeout_ms = Settings().sqlite_busy_timeout_ms
+        self.path = Path(path)
+        resolved = Settings.resolve(settings)
+        if busy_timeout_ms is None:
+            busy_timeout_ms = resolved.sqlite_busy_timeout_ms
         self._busy_timeout_ms = busy_timeout_ms
+        self.signer = resolved.signer()
         self.create = create
         self._thread = SqliteThread(self._open, f"the SQLite store {self.path}")
         self._call = self._thread.call
@@ -125,7 +129,7 @@ class SqliteStore(DatabaseStore):
 
     # -- writes ------------------------------------------------------------------------
 
-    async def append(self, events: Sequence[Event]) -> None:
+    async def _append(self, events: Sequence[Event]) -> None:
         if not events:
             return
         if self._thread.closed:
@@ -238,7 +242,7 @@ class SqliteRuntime(Runtime):
             retry_seconds=retry_seconds,
         )
         super().__init__(
-            SqliteStore(path, busy_timeout_ms=resolved.sqlite_busy_timeout_ms),
+            SqliteStore(path, settings=resolved),
             settings=resolved,
         )
 

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from loomflow.errors import (
     SequenceConflictError,
@@ -16,6 +16,7 @@ from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
 from loomflow.runtime.cache import TranscriptCache
 from loomflow.schemas import (
     Event,
+    EventBase,
     Message,
     SessionErased,
     new_id,
@@ -27,8 +28,11 @@ from loomflow.schemas.events import (
 )
 from loomflow.schemas.scope import ANY_USER, Scope
 from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
+from loomflow.schemas.signing import Signer
 
 __all__ = ["DatabaseStore", "EventStore", "PruneResult", "prune_filter"]
+
+E = TypeVar("E", bound=EventBase)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class EventStore(Resource, ABC):
     ``append`` folds each event and applies the result in the same transaction as the
     write; re-appending an event already stored at its seq (same event id) is a no-op,
     so a writer may retry an append whose outcome it did not see.
+
+    With a ``signer``, every event appended without a signature is signed first (see
+    ``sign``): ``append`` and ``send`` are the one way into every backend's log, so no
+    writer (a run, a lifecycle verb, an erasure, Kafka's prune) can leave one unsigned.
+    A backend implements ``_append`` (and ``_send``, where it can send ahead).
     """
 
     #: an append returns or raises by itself within a bounded time (no server to wait
@@ -59,10 +68,23 @@ class EventStore(Resource, ABC):
     #: ``send`` returns before the log acknowledged the events (Kafka): the writer tells
     #: a run's observers of them only once a later append or confirm acknowledged them
     sends_ahead: ClassVar[bool] = False
+    #: the key this store signs the events it appends with (None: it signs nothing);
+    #: read once from the store's settings (``LOOMFLOW_SIGNING_KEY[_FILE]``)
+    signer: Signer | None = None
 
-    @abstractmethod
+    def sign(self, event: E) -> E:
+        """The event as this store appends it: signed with its key, unless it carries a
+        signature already (an event re-appended as it was: a rebuild, a copy from
+        another log), or the store has no key. Ed25519 is deterministic, so an event
+        signed again is the same bytes."""
+        if self.signer is None or event.sig is not None:
+            return event
+        return self.signer.sign_event(event)
+
     async def append(self, events: Sequence[Event]) -> None:
-        """Append events atomically; raise InvalidEventError subclasses on refusal."""
+        """Append events atomically, each signed (``sign``); raise InvalidEventError
+        subclasses on refusal."""
+        await self._append(self._signed(events))
 
     async def send(self, events: Sequence[Event]) -> None:
         """Append events without waiting for them to be durable, where the store can.
@@ -71,6 +93,19 @@ class EventStore(Resource, ABC):
         ``confirm`` of the same session waits for them too, and raises their failure.
         The embedded stores append at once.
         """
+        await self._send(self._signed(events))
+
+    def _signed(self, events: Sequence[Event]) -> Sequence[Event]:
+        if self.signer is None:
+            return events
+        return [self.sign(event) for event in events]
+
+    @abstractmethod
+    async def _append(self, events: Sequence[Event]) -> None:
+        """The backend's append of events that ``append`` signed (see ``append``)."""
+
+    async def _send(self, events: Sequence[Event]) -> None:
+        """The backend's ``send`` of signed events; by default an ``append``."""
         await self.append(events)
 
     @abstractmethod

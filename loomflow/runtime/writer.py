@@ -134,15 +134,18 @@ class SessionWriter:
 
     def make(self, cls: type[E], payload: Any, *, offset: int = 0) -> E:
         """Build the event that the next append (plus ``offset``) will write (None as the
-        payload: the type's default)."""
+        payload: the type's default), signed as the store appends it: what the run's
+        observers hear of is what the log holds."""
         fields: dict[str, Any] = {} if payload is None else {"payload": payload}
-        return cls(
-            user_id=self.scope.user_id,
-            session_id=self.scope.session_id,
-            run_id=self.run_id,
-            seq=self.next_seq + offset,
-            epoch=self.epoch,
-            **fields,
+        return self.store.sign(
+            cls(
+                user_id=self.scope.user_id,
+                session_id=self.scope.session_id,
+                run_id=self.run_id,
+                seq=self.next_seq + offset,
+                epoch=self.epoch,
+                **fields,
+            )
         )
 
     def stage(self, cls: type[E], payload: Any) -> E:

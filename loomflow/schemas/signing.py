@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -83,8 +83,12 @@ SignatureMode = Literal["off", "check", "require"]
 
 def signed_bytes(event: EventBase) -> bytes:
     """What an event's signature covers: its canonical JSON (every field but ``sig``,
-    sorted keys), the same however the log stored it."""
+    sorted keys), the same however the log stored it.
+
+    ``at`` is taken in UTC with microseconds: SQLite and PostgreSQL keep the moment, not
+    the offset it was written with (an event dated ``+02:00`` comes back in UTC)."""
     body = event.model_dump(mode="json", exclude={"sig"})
+    body["at"] = event.at.astimezone(UTC).isoformat(timespec="microseconds")
     return EVENT_DOMAIN + orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
 
 

@@ -43,7 +43,8 @@ and closes each one itself::
   ``prompt=None``, forks (also under a ``user_id``), listing, retention (20 by default),
   prune, erase, the journal with and without checkpoints, writes that fail or land in
   doubt, a fenced stale writer, signals, and cancels (a run cancelled from another
-  runtime stops at its next step; no worker resumes it).
+  runtime stops at its next step; no worker resumes it), and signed writes (a store
+  with a signing key signs every event, and each reads back with its signature holding).
 - :class:`ListingConformance` lists the sessions of a
   :class:`~loomflow.runtime.DatabaseStore` (its fixture ``open_store``, as the store
   suite's): ``list_sessions`` in its order, page by page after a
@@ -99,6 +100,7 @@ pytest.register_assert_rewrite(
     "loomflow.testing.signals",
     "loomflow.testing.cancel",
     "loomflow.testing.keywords",
+    "loomflow.testing.signing",
     "loomflow.testing.log",
     "loomflow.testing.sqlite_log",
     "loomflow.testing.trail",

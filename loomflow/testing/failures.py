@@ -29,7 +29,7 @@ def faulty(
 ) -> Iterator[None]:
     """Every write of ``store`` goes through ``fault(real_write, events)`` meanwhile: its
     ``append``, and its ``send`` where the store has one of its own (Kafka's)."""
-    names = ["append"] + (["send"] if type(store).send is not EventStore.send else [])
+    names = ["append"] + (["send"] if type(store)._send is not EventStore._send else [])
     for name in names:
         real = getattr(store, name)
 

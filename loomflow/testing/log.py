@@ -30,6 +30,7 @@ from loomflow.log import LogReader, LogRecord, PruneNote, drain
 from loomflow.projections.audit import Trail
 from loomflow.runtime import EventStore, Scope
 from loomflow.schemas import CheckpointsPruned, CheckpointWritten, Event, SessionErased
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.testing._support import Opened, Suite, commit, required_fixture
 from loomflow.testing.store import SessionLog
 
@@ -111,10 +112,10 @@ class AuditedLog(ReadableLog):
     """A log as the audit consumer reads it: where the audit resumes, how far it got."""
 
     @abstractmethod
-    async def audit_reader(self, trail: Trail) -> LogReader:
+    async def audit_reader(self, trail: Trail, signatures: Signatures = NO_SIGNATURES) -> LogReader:
         """The audit's reader, where the audit of ``trail`` left off: at the position
         the trail keeps (``trail.position()``, a log whose consumers keep theirs), or
-        where the audit's consumer group committed."""
+        where the audit's consumer group committed; it applies ``signatures``."""
 
     @abstractmethod
     async def audited(self, trail: Trail) -> dict[int, int]:

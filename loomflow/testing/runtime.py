@@ -6,8 +6,8 @@ feature, each in a module of its own: :mod:`~loomflow.testing.checkpoints`,
 :mod:`~loomflow.testing.resume`, :mod:`~loomflow.testing.forks`,
 :mod:`~loomflow.testing.failures`, :mod:`~loomflow.testing.journal`,
 :mod:`~loomflow.testing.fencing`, :mod:`~loomflow.testing.retention`,
-:mod:`~loomflow.testing.signals`, :mod:`~loomflow.testing.cancel` and
-:mod:`~loomflow.testing.keywords`. The agents are
+:mod:`~loomflow.testing.signals`, :mod:`~loomflow.testing.cancel`,
+:mod:`~loomflow.testing.keywords` and :mod:`~loomflow.testing.signing`. The agents are
 scripted (:mod:`loomflow.testing.scenario`), so a repeated model or tool call shows in
 the counts, and a crash is a ``BaseException`` raised mid-run.
 """
@@ -25,6 +25,7 @@ from loomflow.testing.keywords import RunKeywords
 from loomflow.testing.resume import Resume
 from loomflow.testing.retention import Retention
 from loomflow.testing.signals import Signals
+from loomflow.testing.signing import Signing
 
 __all__ = ["RuntimeConformance"]
 
@@ -40,6 +41,7 @@ class RuntimeConformance(
     Signals,
     Cancellation,
     RunKeywords,
+    Signing,
     Suite,
 ):
     """Subclass in a test module and define the fixture ``open_runtime``: a callable that

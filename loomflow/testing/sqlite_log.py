@@ -17,6 +17,7 @@ from loomflow.projections.sqlite import INSERT_EVENT
 from loomflow.projections.sqlite.writes import insert_event
 from loomflow.runtime import EventStore, Scope, SqliteStore
 from loomflow.schemas import Event, utcnow
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.testing.log import AuditedLog, Start
 
 __all__ = ["SqliteLog"]
@@ -64,6 +65,7 @@ class SqliteLog(AuditedLog):
                     0,
                     1,
                     utcnow().isoformat(),
+                    None,
                     "{}",
                 ),
             )
@@ -103,8 +105,9 @@ class SqliteLog(AuditedLog):
 
         await asyncio.to_thread(run)
 
-    async def audit_reader(self, trail: Trail) -> LogReader:
-        return sqlite_reader(self.path, start=await trail.position() or "beginning")
+    async def audit_reader(self, trail: Trail, signatures: Signatures = NO_SIGNATURES) -> LogReader:
+        kept = await trail.position()
+        return sqlite_reader(self.path, start=kept or "beginning", signatures=signatures)
 
     async def audited(self, trail: Trail) -> dict[int, int]:
         return await trail.position() or {0: 1}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 import pytest
@@ -45,6 +45,7 @@ from loomflow.schemas.events import (
     TranscriptCompactedPayload,
     TurnAppendedPayload,
 )
+from loomflow.schemas.signing import Keyring, Signer
 from loomflow.testing._support import Opened, Suite, commit, opened_fixture, required_fixture
 
 __all__ = ["SessionLog", "StoreConformance"]
@@ -164,6 +165,10 @@ class SessionLog:
         return events
 
 
+#: a writer's clock two hours east of UTC: stores keep the moment, in UTC
+_PLUS_TWO = timezone(timedelta(hours=2))
+
+
 def _answer(text: str) -> Usage:
     return Usage(input_tokens=10 * len(text), output_tokens=len(text), cost_usd=0.001)
 
@@ -222,6 +227,55 @@ class StoreConformance(Suite):
             assert [e.model_dump_json() for e in read] == [e.model_dump_json() for e in events]
             assert await reader.read_events(log.scope, 3) == events[3:]
             assert await reader.read_events(log.scope, log.seq) == []
+
+    async def test_a_signed_event_reads_back_with_its_signature_holding(
+        self, store: EventStore, new_store: Opened[EventStore]
+    ) -> None:
+        # what a signature covers must survive the store's columns: the moment of ``at``
+        # whatever its offset or microseconds, the payload's key order and every byte
+        signer = Signer.generate()
+        keyring = Keyring.of(signer.trusted())
+        log = SessionLog("s1", "alice", at=datetime(2026, 3, 1, 9, 30, tzinfo=_PLUS_TWO))
+        call = ToolCall(id="c1", name="search", arguments={"zeta": 1, "alpha": {"y": 2.5}})
+        made: list[Event] = [
+            log.claim(),
+            log.turn("Find it. \u00e9\u00e8 \x00"),
+            log.turn(Message.assistant("", [call]), usage=_answer("search")),
+        ]
+        log.at = datetime(2026, 3, 1, 7, 31, 2, 123456, tzinfo=UTC)
+        made += [log.step("fetch", {"zeta": [1, 2], "alpha": None}), log.checkpoint()]
+        signed = [signer.sign_event(event) for event in made]
+        unsigned = log.turn("an unsigned one")
+        await commit(store, [*signed, unsigned])
+        for reader in (store, new_store()):
+            *read, plain = await reader.read_events(log.scope)
+            assert [e.sig for e in read] == [e.sig for e in signed]
+            assert [keyring.event_problem(e) for e in read] == [None] * len(signed)
+            assert plain.sig is None and "sig" not in plain.model_dump(mode="json")
+
+    async def test_a_store_with_a_key_signs_what_it_appends_and_keeps_a_signature_given(
+        self, store: EventStore, new_store: Opened[EventStore]
+    ) -> None:
+        ours, theirs = Signer.generate(), Signer.generate()
+        keyring = Keyring.of(ours.trusted(), theirs.trusted())
+        store.signer = ours  # what the settings' LOOMFLOW_SIGNING_KEY gives a store
+        log = SessionLog("s1", "alice")
+        claim = log.claim()
+        copied = theirs.sign_event(log.turn("signed where it was written"))
+        events: list[Event] = [claim, copied, log.turn("q")]
+        await store.send(events[:1])
+        await commit(store, events[1:])
+        again = events[2]  # a retry of an append whose outcome was not seen: the same bytes
+        await commit(store, [again])
+        read = await new_store().read_events(log.scope)
+        assert [e.event_id for e in read] == [e.event_id for e in events]
+        assert [e.sig.key if e.sig else None for e in read] == [
+            ours.key_id,
+            theirs.key_id,
+            ours.key_id,
+        ]
+        assert [keyring.event_problem(e) for e in read] == [None, None, None]
+        assert read[2] == ours.sign_event(again)
 
     async def test_the_session_row_follows_its_events(self, store: EventStore) -> None:
         log = SessionLog("s1")

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from loomflow.audit.digests import Digest, DigestWriter, DirectoryPlace, check_d
 from loomflow.projections.audit import Reject, Trail
 from loomflow.projections.chain import GENESIS, Entry, Finding, Link, canonical, chain, entry_hash
 from loomflow.runtime import EventStore, Scope
-from loomflow.schemas import Event
+from loomflow.schemas import Event, Usage, utcnow
 from loomflow.schemas.signing import NO_SIGNATURES, Keyring, Signatures, Signer
 from loomflow.testing._support import Opened, commit, opened_fixture, required_fixture
 from loomflow.testing.log import AuditedLog, LogSuite, read_all
@@ -91,6 +91,8 @@ class Auditing:
         self.trails = trails
         self.place = place
         self.keys = keys
+        #: what the audit's reader does with signatures (``LOOMFLOW_SIGNATURES``)
+        self.signatures = NO_SIGNATURES
 
     @asynccontextmanager
     async def trail(self) -> AsyncIterator[Trail]:
@@ -102,7 +104,10 @@ class Auditing:
 
     async def __call__(self) -> Audited:
         """One audit: the log read from where the audit left off."""
-        async with self.trail() as trail, await self.log.audit_reader(trail) as reader:
+        async with (
+            self.trail() as trail,
+            await self.log.audit_reader(trail, self.signatures) as reader,
+        ):
             return await Auditor(reader, trail).catch_up()
 
     async def again(self) -> Audited:
@@ -506,6 +511,69 @@ class AuditTrailConformance(LogSuite):
         found = await audit.findings("s1", digests=True)
         (rewritten,) = [f for f in found if f.kind == "rewritten"]
         assert rewritten.n == 10 and "digest 1" in rewritten.detail, found
+
+    # --- signed events --------------------------------------------------------------------
+
+    async def test_an_event_forged_without_the_key_is_refused_and_named(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        keys = audit.keys
+        s1 = SessionLog("s1")
+        await commit(store, [keys.writer.sign_event(e) for e in [*s1.run(1), s1.finish()]])
+        audit.signatures = keys.required
+        assert (await audit()).entries == 5
+        # at the finished session's next seq, in its epoch: what the read model's rule
+        # alone admits. Unsigned, or signed by a key the keyring does not hold.
+        usage = Usage(input_tokens=1_000_000, output_tokens=1_000_000, cost_usd=999.0)
+        unsigned = s1.turn("charge me", usage=usage, seq=6)
+        stranger = Signer.generate().sign_event(s1.turn("charge me", usage=usage, seq=7))
+        await log.forge(unsigned)
+        await log.forge(stranger)
+        done = await audit()
+        assert (done.entries, done.rejected) == (0, 2)
+        reasons = sorted(r.reason for r in await audit.rejects())
+        assert "seq 6) is not signed" in reasons[0], reasons
+        assert "which the keyring does not hold" in reasons[1], reasons
+        result = await audit.verify(signatures=keys.required)
+        forged = [f for f in await audit.findings("s1", signatures=keys.required)]
+        assert [(f.kind, f.n) for f in forged] == [("forged", None), ("forged", None)], forged
+        assert "seq 6" in forged[0].detail and forged[0].position is not None
+        assert result.problems == 2 and result.refused == 2
+        # read by a reader that checks none, both are still named (``check`` counts them)
+        assert (await audit.verify(signatures=Signatures("check", keys.keyring))).unsigned == 2
+
+    async def test_an_event_signed_by_a_retired_key_after_its_retirement_is_forged(
+        self, log: AuditedLog, store: EventStore, audit: Auditing
+    ) -> None:
+        keys = audit.keys
+        s1 = SessionLog("s1")
+        await commit(store, [keys.writer.sign_event(e) for e in [*s1.run(1), s1.finish()]])
+        audit.signatures = keys.required
+        await audit()
+        await audit.digest()  # what the old key signed, committed before its retirement
+        retired_at = utcnow()
+        audit.keys.keyring = keys.keyring.retire(keys.writer.key_id, retired_at)
+        audit.signatures = keys.required
+        # the old key in someone's hands: an event dated after the retirement, and one
+        # dated before it (a signature's date is its signer's word)
+        early = s1.turn("backdated", seq=6).model_copy(
+            update={"at": retired_at - timedelta(hours=1)}
+        )
+        early = keys.writer.sign_event(early)
+        late = keys.writer.sign_event(s1.turn("late", seq=7))
+        await log.forge(early)
+        await log.forge(late)
+        done = await audit()
+        (reject,) = await audit.rejects()
+        assert f"signed by key {keys.writer.key_id}, retired at" in reject.reason
+        assert (done.entries, done.rejected) == (1, 1)  # the backdated one passes the reader
+        found = await audit.findings("s1", digests=True, signatures=keys.required)
+        # the late one in the log (the audit refused it), the backdated one in the trail
+        assert sorted((f.kind, f.n or 0) for f in found) == [("forged", 0), ("forged", 6)], found
+        backdated = next(f for f in found if f.n == 6)
+        # and nothing else: what the key signed before its retirement, which a digest
+        # committed then, holds
+        assert "no digest committed it before then" in backdated.detail
 
     # --- what the audit cannot chain --------------------------------------------------
 

@@ -33,6 +33,7 @@ from loomflow.runtime import (
 from loomflow.schemas import RunStarted, utcnow
 from loomflow.schemas.events import RunStartedPayload
 from loomflow.schemas.sessions import SessionRecord
+from loomflow.schemas.signing import Keyring, Signer
 from tests.support import lifecycle
 from tests.support.cli import Cli, Ran
 from tests.support.services import postgres_dsn
@@ -454,6 +455,36 @@ def test_cancel_keeps_workers_and_signals_off_a_run_until_resume_continues_it(
     assert output == "Paid." and lifecycle.APPROVALS == []  # the wait ended with the prompt
     row = _row(db, "inv-7", "ada")
     assert row is not None and row.status == "finished"
+
+
+def test_an_operator_with_a_signing_key_signs_the_cancel_and_the_erasure(
+    cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "journal.db"
+
+    async def wait() -> None:  # written by a process without a key
+        async with SqliteRuntime(db) as runtime:
+            result = await lifecycle.payer(runtime).run("Pay.", session_id="inv-8", user_id="ada")
+            assert result.stop_reason == "waiting"
+
+    asyncio.run(wait())
+    operator = Signer.generate()
+    keyring = Keyring.of(operator.trusted())
+    monkeypatch.setenv("LOOMFLOW_SIGNING_KEY", operator.pem().decode())
+    store = ["--db", str(db), "--user", "ada"]
+    ran = cli("sessions", "cancel", "inv-8", *store, "--reason", "paid by hand")
+    assert ran.code == 0, ran.err
+    events = _read(db, lambda runtime: runtime.store.read_events(Scope("inv-8", "ada")))
+    assert isinstance(events, list)
+    *run, cancel = events
+    assert run and all(e.sig is None for e in run)  # the run's own, as it wrote them
+    assert cancel.type == "run.cancelled" and keyring.event_problem(cancel) is None
+    ran = cli("sessions", "erase", "inv-8", *store, "--yes")
+    assert ran.code == 0, ran.err
+    events = _read(db, lambda runtime: runtime.store.read_events(Scope("inv-8", "ada")))
+    assert isinstance(events, list)
+    (tombstone,) = events
+    assert tombstone.type == "session.erased" and keyring.event_problem(tombstone) is None
 
 
 def test_retry_takes_a_stuck_run_over_once_and_resume_continues_it_with_a_prompt(

@@ -127,7 +127,12 @@ async def test_a_log_written_by_the_first_schema_is_migrated_with_its_positions(
     conn.executescript(sqlite_schema.JOURNAL.steps[0])
     conn.execute("CREATE TABLE loomflow_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     conn.execute("INSERT INTO loomflow_meta VALUES ('schema_version', '1')")
-    sql.insert_event(conn, RunStarted(session_id="old", run_id="r", seq=1, epoch=1))
+    old_row = RunStarted(session_id="old", run_id="r", seq=1, epoch=1)  # as version 1 wrote it
+    conn.execute(
+        "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
+        "v, at, payload) VALUES ('', 'old', 1, 'run.started', ?, 'r', 1, 1, ?, '{}')",
+        (old_row.event_id, sql.ts(old_row.at)),
+    )
     conn.close()
     await _run(db, "a")  # opened at version 2 from here on
     old = await _all(db)

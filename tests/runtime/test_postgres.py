@@ -8,12 +8,14 @@ import secrets
 import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
 
 from loomflow import Message
+from loomflow.audit.auditor import Auditor, link_of
 from loomflow.errors import (
     CorruptRecordError,
     SequenceConflictError,
@@ -21,9 +23,21 @@ from loomflow.errors import (
     StaleWriterError,
     StoreError,
 )
+from loomflow.log.reader import sqlite_reader
 from loomflow.projections import postgres as pg
+from loomflow.projections.audit import PostgresTrail
+from loomflow.projections.chain import chain
+from loomflow.projections.fold import fold
 from loomflow.projections.migrations import Migrations
-from loomflow.runtime import ANY_USER, PostgresRuntime, PostgresStore, Scope, SessionWriter
+from loomflow.projections.trail import entry_values
+from loomflow.runtime import (
+    ANY_USER,
+    PostgresRuntime,
+    PostgresStore,
+    Scope,
+    SessionWriter,
+    SqliteStore,
+)
 from loomflow.runtime.writer import WritePolicy
 from loomflow.schemas import (
     CheckpointsPruned,
@@ -44,6 +58,9 @@ from loomflow.schemas.events import (
     StepRecordedPayload,
     TurnAppendedPayload,
 )
+from loomflow.testing import SessionLog, SqliteLog
+from loomflow.testing._support import commit
+from loomflow.testing.log import read_all
 from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
 
@@ -98,6 +115,8 @@ async def test_two_processes_migrating_at_once_both_succeed(dsn: str, schema: st
         "schema_migrations",
         "audit_entries",
         "audit_rejects",
+        "audit_sessions",
+        "audit_digests",
         "otel_sessions",
     }
 
@@ -127,7 +146,7 @@ async def test_a_schema_at_an_older_version_is_migrated_on_open(dsn: str, schema
         runtime = await PostgresRuntime.connect(dsn, schema=schema)
         await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
         await runtime.close()
-        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
+        assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 9
         control = await conn.fetchval(
             "SELECT data_type FROM information_schema.columns WHERE table_schema = $1 "
             "AND table_name = 'sessions' AND column_name = 'control'",
@@ -155,16 +174,18 @@ async def test_a_schema_at_version_6_gets_the_listing_indexes_and_pages_its_sess
         old = {"sessions_updated", "sessions_user_updated"}
         assert old <= await _session_indexes(conn, schema)
         # sessions of two users written at version 6, two of them last active at one moment
+        # (their rows only: the log's table has columns of later versions since)
         at = datetime(2026, 5, 6, 7, 8, 9, 654321, tzinfo=UTC)
         for user, session_id in (("ada", "s1"), (None, "s2"), ("ada", "s3")):
             claim = RunStarted(
                 user_id=user, session_id=session_id, run_id="r", seq=1, epoch=1, at=at
             )
-            assert await pg.commit_round(conn, schema, [[claim]]) == [None]
+            row, _ = fold(None, claim)
+            await pg.save_sessions(conn, schema, [row])
             at -= timedelta(microseconds=1) if session_id == "s2" else timedelta(0)
         runtime = await PostgresRuntime.connect(dsn, schema=schema)  # migrates it
         try:
-            assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 7
+            assert await pg.schema_version(conn, schema) == pg.SCHEMA_VERSION == 9
             indexes = await _session_indexes(conn, schema)
             assert {"sessions_listing", "sessions_user_listing"} <= indexes
             assert not old & indexes
@@ -508,3 +529,54 @@ async def test_a_corrupted_row_is_reported_and_listing_still_works(
     await runtime.close()
     assert len(await conn.fetch(f'SELECT 1 FROM "{schema}".events')) == rows_before
     await conn.close()
+
+
+async def test_a_trail_audited_at_version_7_gets_each_sessions_standing(
+    dsn: str, schema: str, tmp_path: Path
+) -> None:
+    """A trail written before the audit kept the rule of validity's standings: each
+    session's is read off its newest entry (its epoch, whatever the entry's bytes hold),
+    so the audit refuses what the read model refuses from the first record after the
+    upgrade, and chains a session's next run as before."""
+    db = tmp_path / "journal.db"
+    s1, s2 = SessionLog("s1"), SessionLog("s2", "ada")
+    async with SqliteStore(db) as store:
+        await commit(store, [*s1.run(1), *s2.run(1), s2.finish()])
+    conn = await asyncpg.connect(dsn)
+    try:
+        await pg.migrate(conn, schema, Migrations(pg.READ_MODEL.meta, pg.READ_MODEL.steps[:7]))
+        # the entries as the audit of version 7 wrote them
+        async with sqlite_reader(db) as reader:
+            links = [link_of(r) for r in await read_all(reader)]
+        entries = chain([link for link in links if link is not None], {}).entries
+        params = ", ".join(f"${k}" for k in range(1, 13))
+        await conn.executemany(
+            f'INSERT INTO "{schema}".audit_entries VALUES ({params})',
+            [entry_values(e, e.at) for e in entries],
+        )
+        # one entry whose bytes are not JSON any more (the migration reads them anyway)
+        await conn.execute(
+            f"UPDATE \"{schema}\".audit_entries SET body = '\\xff'::bytea "
+            "WHERE session_id = 's1' AND n = 4"
+        )
+        await pg.migrate(conn, schema)
+        rows = await conn.fetch(
+            f"SELECT user_id, session_id, epoch, last_seq, cancelled, erased, gapped "
+            f'FROM "{schema}".audit_sessions ORDER BY session_id'
+        )
+        assert [tuple(r) for r in rows] == [
+            ("", "s1", 0, 4, False, False, True),
+            ("ada", "s2", 1, 5, False, False, True),
+        ]
+        trail = PostgresTrail(lambda fn, *args: fn(conn, schema, *args), "the trail")
+        async with SqliteStore(db) as store:
+            forged = s1.turn("forged", epoch=s1.epoch + 1)  # no claim: refused
+            await commit(store, [*s2.run(1)])
+        await SqliteLog(db).forge(forged)
+        async with sqlite_reader(db, start={0: len(links) + 1}) as reader:
+            done = await Auditor(reader, trail).catch_up()
+        assert (done.entries, done.rejected) == (4, 1)
+        (reject,) = await trail.rejects()
+        assert "only run.started or session.forked claims a new epoch" in reject.reason
+    finally:
+        await conn.close()

@@ -8,6 +8,7 @@ from loomflow.producers import EventProducer, scope_key
 from loomflow.projections.audit import Trail
 from loomflow.runtime import EventStore, KafkaStore, Scope
 from loomflow.schemas import Event
+from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.testing import AuditedLog, ReadableLog, Start
 from tests.support.kafka_env import KafkaEnv
 
@@ -71,8 +72,9 @@ class KafkaGroupLog(KafkaLog, AuditedLog):
             return kafka_reader(settings, group=self.groups[-1])
         return kafka_reader(settings, group=f"lf-test-{self.env.tag}-reader", start=start)
 
-    async def audit_reader(self, trail: Trail) -> LogReader:
-        return kafka_reader(self.env.settings, group=self.env.settings.audit_group)
+    async def audit_reader(self, trail: Trail, signatures: Signatures = NO_SIGNATURES) -> LogReader:
+        settings = self.env.settings
+        return kafka_reader(settings, group=settings.audit_group, signatures=signatures)
 
     async def audited(self, trail: Trail) -> dict[int, int]:
         return await committed_offsets(self.env.settings, self.env.settings.audit_group)

@@ -291,8 +291,8 @@ async def read_events(
     """The session's events with lo <= seq <= hi; a row that does not decode is skipped
     with a warning, so one bad row never stops a reader of the log."""
     rows = await conn.fetch(
-        f"SELECT user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload::text "
-        f"FROM {quoted(schema)}.events WHERE user_id = $1 AND session_id = $2 "
+        "SELECT user_id, session_id, seq, type, event_id, run_id, epoch, v, at, sig::text, "
+        f"payload::text FROM {quoted(schema)}.events WHERE user_id = $1 AND session_id = $2 "
         "AND seq >= $3 AND seq <= $4 ORDER BY seq",
         stored_user(user_id),
         session_id,

@@ -207,7 +207,8 @@ READ_MODEL = Migrations(
     """,
         # the audit's standing of each session (projections/admission.py), what the last
         # digest committed of its chain, and the digests written; a trail audited before
-        # gets each session's standing off its newest entry, gaps allowed
+        # gets each session's standing off its newest entry, gaps allowed (the epoch read
+        # off its bytes, whatever they hold: a migration never fails on a trail's content)
         """
     CREATE TABLE {s}.audit_sessions (
         user_id text NOT NULL,
@@ -224,7 +225,8 @@ READ_MODEL = Migrations(
     INSERT INTO {s}.audit_sessions
         (user_id, session_id, epoch, last_seq, message_count, cancelled, erased, gapped)
     SELECT DISTINCT ON (user_id, session_id) user_id, session_id,
-        coalesce((convert_from(body, 'UTF8')::jsonb ->> 'epoch')::bigint, 0), seq, 0,
+        coalesce(substring(encode(body, 'escape') from '"epoch":([0-9]{{1,18}})')::bigint, 0),
+        seq, 0,
         type = 'run.cancelled', type = 'session.erased', true
     FROM {s}.audit_entries ORDER BY user_id, session_id, n DESC;
     CREATE TABLE {s}.audit_digests (
@@ -234,6 +236,11 @@ READ_MODEL = Migrations(
         records bigint NOT NULL,
         body bytea NOT NULL
     );
+    """,
+        # a writer's signature of the event (schemas/signing.py), so that a reader of the
+        # log can check it; NULL for an unsigned event
+        """
+    ALTER TABLE {s}.events ADD COLUMN sig json;
     """,
     ),
 )

@@ -9,7 +9,7 @@ from typing import Any
 from loomflow.projections.fold import (
     PruneFilter,
 )
-from loomflow.projections.rows import control_json, stored_user
+from loomflow.projections.rows import control_json, sig_json, stored_user
 from loomflow.schemas import Event
 from loomflow.schemas.scope import Scoped
 
@@ -50,6 +50,7 @@ LOG_COLUMNS: Columns = (
     ("epoch", "bigint", lambda e: e.epoch),
     ("v", "int", lambda e: e.v),
     ("at", "timestamptz", lambda e: e.at),
+    ("sig", "json", sig_json),
     ("payload", "json", lambda e: payload_json(e)),  # last: _write may pass it as given
 )
 SESSION_ROW_COLUMNS: Columns = (

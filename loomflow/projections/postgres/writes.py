@@ -41,7 +41,7 @@ from loomflow.projections.postgres.tables import (
     matching,
     payload_json,
 )
-from loomflow.projections.rows import session_from_row, stored_user
+from loomflow.projections.rows import session_from_row, sig_json, stored_user
 from loomflow.schemas import Event
 from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import SessionRecord
@@ -122,6 +122,7 @@ async def _write(
                         e.epoch,
                         e.v,
                         e.at,
+                        sig_json(e),
                         payloads.get(id(e)) or payload_json(e),
                     )
                     for e in events

@@ -85,7 +85,10 @@ TRAIL = Migrations(
         INSERT INTO audit_sessions
             (user_id, session_id, epoch, last_seq, message_count, cancelled, erased, gapped)
         SELECT user_id, session_id,
-            coalesce(json_extract(CAST(body AS TEXT), '$.epoch'), 0), seq, 0,
+            CASE WHEN json_valid(CAST(body AS TEXT))
+                THEN CAST(coalesce(json_extract(CAST(body AS TEXT), '$.epoch'), 0) AS INTEGER)
+                ELSE 0 END,
+            seq, 0,
             type = 'run.cancelled', type = 'session.erased', 1
         FROM audit_entries e
         WHERE n = (SELECT max(n) FROM audit_entries h

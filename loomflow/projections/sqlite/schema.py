@@ -163,6 +163,11 @@ JOURNAL = Migrations(
         output_tokens = coalesce(json_extract(usage, '$.output_tokens'), 0),
         cost_usd = coalesce(json_extract(usage, '$.cost_usd'), 0);
     """,
+        # a writer's signature of the event (schemas/signing.py) as JSON, so that a reader
+        # of the log can check it; NULL for an unsigned event
+        """
+    ALTER TABLE loomflow_events ADD COLUMN sig TEXT;
+    """,
     ),
 )
 

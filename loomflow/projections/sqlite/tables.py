@@ -36,7 +36,9 @@ SESSION_COLUMNS = (
 SESSION_USAGE_COLUMNS = ", ".join(USAGE_FIELDS)
 CHECKPOINT_COLUMNS = ", ".join(CHECKPOINT_FIELDS)
 #: a log row: its position, the columns of EVENT_FIELDS, its payload
-EVENT_COLUMNS = "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, payload"
+EVENT_COLUMNS = (
+    "position, user_id, session_id, seq, type, event_id, run_id, epoch, v, at, sig, payload"
+)
 #: a note prune left in the log where it deleted rows (the log's readers decode it)
 NOTE_COLUMNS = "position, user_id, session_id, seqs, through_seq, at"
 

@@ -25,7 +25,7 @@ from loomflow.projections.fold import (
     PutStep,
     RetainCheckpoints,
 )
-from loomflow.projections.rows import control_json, control_parts, stored_user
+from loomflow.projections.rows import control_json, control_parts, sig_json, stored_user
 from loomflow.projections.sqlite.reads import event_ids_at, load_session
 from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
@@ -149,7 +149,7 @@ def _update_session(names: tuple[str, ...]) -> str:
 #: a log row: the columns of EVENT_COLUMNS but its position, which SQLite assigns
 INSERT_EVENT = (
     "INSERT INTO loomflow_events (user_id, session_id, seq, type, event_id, run_id, epoch, "
-    "v, at, payload) VALUES (?,?,?,?,?,?,?,?,?,?)"
+    "v, at, sig, payload) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
 
 
@@ -167,6 +167,7 @@ def insert_event(conn: sqlite3.Connection, event: Event) -> None:
             event.epoch,
             event.v,
             ts(event.at),
+            sig_json(event),
             payload,
         ),
     )
