@@ -115,6 +115,11 @@ class Place(ABC):
     #: for messages: "digest directory /var/audit", "Kafka topic audit.digests"
     where: str
 
+    @property
+    def source(self) -> str:
+        """What the digests are read from, for messages (the same place but a stream's)."""
+        return self.where
+
     @abstractmethod
     async def write(self, digest: Digest) -> str:
         """Write one digest; return where it went (a file, a topic's offset)."""
@@ -199,6 +204,7 @@ class StreamPlace(Place):
     """Standard output (written, one JSON line each) and standard input (read)."""
 
     where = "standard output"
+    source = "standard input"
 
     async def write(self, digest: Digest) -> str:
         sys.stdout.buffer.write(digest.to_json() + b"\n")

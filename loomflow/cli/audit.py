@@ -179,7 +179,8 @@ async def _run_audit(
             reader = source.reader(group=source.settings.audit_group, start="committed")
         async with reader:
             digests = digest_writer(trail, settings, reader.source, place)
-            auditor = Auditor(reader, trail, digests)
+            # `audit digest` writes one digest, when it has caught up: none as it goes
+            auditor = Auditor(reader, trail, None if now else digests)
             if follow:
                 stop = asyncio.Event()
                 loop = asyncio.get_running_loop()
@@ -306,7 +307,7 @@ async def _run_verify(
                 "LOOMFLOW_KEYRING (or LOOMFLOW_SIGNING_KEY_FILE)"
             )
         where = place_of(place, settings)
-        digests = check_digests(where.where, await where.read(), keyring)
+        digests = check_digests(where.source, await where.read(), keyring)
     db = source.db
     if db is not None:
         await require_log(db)
@@ -386,8 +387,9 @@ def _print_verification(
         )
     if result.refused:
         console.print(
-            f"{count(result.refused, 'record')} of the log refused by the audit, as the read "
-            "model refuses them (kept among the trail's rejects, with the reason)"
+            f"{count(result.refused, 'record')} of the log refused by the audit (kept among "
+            "the trail's rejects, with the reason: not valid for the read model, not signed, "
+            "not decoded, a second copy)"
         )
     if result.unaudited:
         console.print(
