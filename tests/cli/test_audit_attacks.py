@@ -84,15 +84,24 @@ def _shell(variables: dict[str, str], where: Path) -> dict[str, str]:
     )
 
 
-def _loomflow(where: Path, environment: dict[str, str], *argv: str) -> tuple[int, str]:
-    ran = subprocess.run(
+def _run(
+    where: Path, environment: dict[str, str], *argv: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``loomflow ARGV`` in ``where``, as a user's shell starts it."""
+    return subprocess.run(
         [sys.executable, "-m", "loomflow.cli", *argv],
         cwd=where,
         env=environment,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=180,
     )
+
+
+def _loomflow(where: Path, environment: dict[str, str], *argv: str) -> tuple[int, str]:
+    """Its exit code and everything it printed."""
+    ran = _run(where, environment, *argv)
     return ran.returncode, ran.stdout + ran.stderr
 
 
@@ -319,15 +328,7 @@ async def test_digests_through_a_pipe_and_what_is_wrong_with_a_place(
     environment = _shell({}, tmp_path)
 
     def loomflow(*argv: str, stdin: str | None = None) -> tuple[int, str, str]:
-        ran = subprocess.run(
-            [sys.executable, "-m", "loomflow.cli", *argv],
-            cwd=tmp_path,
-            env=environment,
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+        ran = _run(tmp_path, environment, *argv, stdin=stdin)
         return ran.returncode, ran.stdout, ran.stderr
 
     for key, role in (("writer.key", "events"), ("audit.key", "digests")):
