@@ -231,3 +231,41 @@ def test_a_keyring_that_trusts_no_digest_key_refuses_every_digest() -> None:
     assert [f.detail for f in found.findings] == [
         f"digest 1 is signed by key {keys.audit.key_id}, which the keyring does not hold"
     ]
+
+
+async def test_the_audit_writes_a_digest_when_one_falls_due(tmp_path: Path) -> None:
+    """As ``loomflow audit [--follow]`` with LOOMFLOW_AUDIT_DIGESTS: the first batch
+    brings the first digest; then one after ``every_events`` new entries, or once
+    ``every_seconds`` passed since the last, and none while nothing new was chained."""
+    db = tmp_path / "journal.db"
+    keys = Keys()
+    place = DirectoryPlace(tmp_path / "digests")
+    store = SqliteStore(db)
+
+    async def audit(every_events: int, every_seconds: float) -> list[str]:
+        async with SqliteTrail(default_trail_path(db)) as trail:
+            digests = DigestWriter(
+                trail, place, keys.audit, "SQLite log", every_events, every_seconds
+            )
+            start = await trail.position() or "beginning"
+            async with sqlite_reader(db, start=start) as reader:
+                await Auditor(reader, trail, digests).catch_up()
+            return digests.written
+
+    try:
+        s1 = SessionLog("s1")
+        await commit(store, s1.run(1))
+        assert len(await audit(5, 3600)) == 1  # the first: none was written yet
+        await commit(store, [s1.turn("a"), s1.turn("b"), s1.turn("c")])
+        assert await audit(5, 3600) == []  # 3 new entries, and an hour has not passed
+        await commit(store, [s1.turn("d"), s1.turn("e")])
+        (written,) = await audit(5, 3600)  # 5 entries since the last digest
+        assert written.endswith("digest-000002.json")
+        await commit(store, [s1.turn("f")])
+        assert len(await audit(5, 1e-6)) == 1  # one entry, but its time has come
+        assert await audit(1, 1e-6) == []  # nothing new: no digest
+    finally:
+        await store.close()
+    checked = check_digests(place.where, await place.read(), keys.keyring)
+    assert checked.findings == [] and checked.count == 3
+    assert checked.last is not None and checked.last.records == 10
