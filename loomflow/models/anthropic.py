@@ -354,11 +354,8 @@ class AnthropicModel:
         except anthropic.APIError as exc:
             raise ModelError(_describe(self.name, exc)) from exc
         except httpx2.TransportError as exc:
-            # The SDK wraps a failed connection, not one lost in the middle of a stream.
-            raise ModelError(
-                f"Anthropic model {self.name!r} failed (connection lost while streaming, "
-                f"{type(exc).__name__}): {exc}"
-            ) from exc
+            # A failed connection; the SDK of other versions lets one lost mid-stream out too.
+            raise ModelError(_lost_while_streaming(self.name, exc)) from exc
         return self._response(reply, answer_tool)
 
     # -- the request ------------------------------------------------------------------------
@@ -509,6 +506,7 @@ class AnthropicModel:
     ) -> ApiMessage:
         failures = 0
         finished = False
+        import anthropic
         from anthropic import AsyncStream
         from anthropic.lib.streaming import AsyncMessageStreamManager
         from anthropic.types import Message as ApiMessage
@@ -522,24 +520,32 @@ class AnthropicModel:
             stream=True,
             stream_cls=AsyncStream[RawMessageStreamEvent],
         )
-        async with AsyncMessageStreamManager(events) as stream:
-            async for event in stream:
-                finished = event.type == "message_stop"
-                if on_delta is None or event.type != "content_block_delta":
-                    continue
-                if event.delta.type != "text_delta":
-                    continue
-                try:
-                    await on_delta(event.delta.text)
-                except Exception:
-                    failures += 1
-                    if failures == 1:
-                        logger.warning(
-                            "on_delta raised while streaming %s; the call carries on",
-                            self.name,
-                            exc_info=True,
-                        )
-            reply = await stream.get_final_message()
+        started = False
+        try:
+            async with AsyncMessageStreamManager(events) as stream:
+                async for event in stream:
+                    started = True
+                    finished = event.type == "message_stop"
+                    if on_delta is None or event.type != "content_block_delta":
+                        continue
+                    if event.delta.type != "text_delta":
+                        continue
+                    try:
+                        await on_delta(event.delta.text)
+                    except Exception:
+                        failures += 1
+                        if failures == 1:
+                            logger.warning(
+                                "on_delta raised while streaming %s; the call carries on",
+                                self.name,
+                                exc_info=True,
+                            )
+                reply = await stream.get_final_message()
+        except anthropic.APIConnectionError as exc:
+            if not started:
+                raise  # no stream yet: a connection that failed, as for any call
+            # the SDK (2.17.0 here) wraps a connection lost in the middle of a stream
+            raise ModelError(_lost_while_streaming(self.name, exc.__cause__ or exc)) from exc
         if not finished:
             raise ModelError(
                 f"Anthropic model {self.name!r} failed: its stream ended before message_stop"
@@ -627,3 +633,11 @@ def _strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
         return anthropic.transform_schema(schema)
     except (ValueError, TypeError) as exc:
         raise ModelError(f"the output schema cannot be sent as a structured output: {exc}") from exc
+
+
+def _lost_while_streaming(name: str, exc: BaseException) -> str:
+    """A call's error when its connection was lost in the middle of the reply's stream."""
+    return (
+        f"Anthropic model {name!r} failed (connection lost while streaming, "
+        f"{type(exc).__name__}): {exc}"
+    )

@@ -247,8 +247,7 @@ async def test_the_audit_writes_a_digest_when_one_falls_due(tmp_path: Path) -> N
             digests = DigestWriter(
                 trail, place, keys.audit, "SQLite log", every_events, every_seconds
             )
-            start = await trail.position() or "beginning"
-            async with sqlite_reader(db, start=start) as reader:
+            async with sqlite_reader(db, start=await trail.position() or "beginning") as reader:
                 await Auditor(reader, trail, digests).catch_up()
             return digests.written
 
