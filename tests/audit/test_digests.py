@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from loomflow.audit.auditor import Auditor
+from loomflow.audit.auditor import Auditor, verify_trail
 from loomflow.audit.digests import (
     Digest,
     DigestHead,
@@ -29,7 +29,7 @@ from loomflow.projections.audit import SqliteTrail, default_trail_path
 from loomflow.projections.chain import GENESIS
 from loomflow.runtime import SqliteStore
 from loomflow.schemas import utcnow
-from loomflow.schemas.signing import Keyring, Signer
+from loomflow.schemas.signing import Keyring, Signatures, Signer
 from loomflow.settings import Settings
 from loomflow.testing import SessionLog
 from loomflow.testing._support import commit
@@ -268,3 +268,50 @@ async def test_the_audit_writes_a_digest_when_one_falls_due(tmp_path: Path) -> N
     checked = check_digests(place.where, await place.read(), keys.keyring)
     assert checked.findings == [] and checked.count == 3
     assert checked.last is not None and checked.last.records == 10
+
+
+async def test_a_key_rotated_in_the_middle_of_a_session(tmp_path: Path) -> None:
+    """A session whose first events the old key signed and the rest the new one: it
+    verifies once the old key is retired after a digest committed what it signed; retired
+    before, each of those entries is named with the key id, the session and the seq."""
+    db = tmp_path / "journal.db"
+    keys = Keys()
+    new = Signer.generate()
+    keyring = keys.keyring.with_key(new.trusted(("events",)))
+    place = DirectoryPlace(tmp_path / "digests")
+    s1 = SessionLog("s1")
+    store = SqliteStore(db)
+    try:
+        events = [*s1.run(1), s1.turn("then"), s1.finish()]
+        await commit(store, [keys.writer.sign_event(e) for e in events[:3]])
+        await commit(store, [new.sign_event(e) for e in events[3:]])
+    finally:
+        await store.close()
+    required = Signatures("require", keyring)
+    async with SqliteTrail(default_trail_path(db)) as trail:
+        async with sqlite_reader(db, signatures=required) as reader:
+            assert (await Auditor(reader, trail).catch_up()).entries == 6
+
+        async def verify(ring: Keyring) -> list[str]:
+            checked = check_digests(place.where, await place.read(), ring)
+            async with sqlite_reader(db) as fresh:
+                result = await verify_trail(
+                    trail,
+                    fresh,
+                    await trail.position() or {0: 1},
+                    signatures=Signatures("require", ring),
+                    digests=checked,
+                )
+            return [f.detail for check in result.sessions for f in check.findings]
+
+        # retired before any digest committed what it signed: its entries are named
+        early = keyring.retire(keys.writer.key_id, utcnow())
+        await DigestWriter(trail, place, keys.audit, "SQLite log").write()
+        found = await verify(early)
+        assert len(found) == 3, found
+        assert found[0].startswith(
+            f"entry 1 (seq 1, run.started) is signed by key {keys.writer.key_id}, retired at"
+        ), found
+        assert "no digest committed it before then (write a digest before retiring" in found[0]
+        # retired after the digest: the session verifies whole
+        assert await verify(keyring.retire(keys.writer.key_id, utcnow())) == []
