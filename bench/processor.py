@@ -51,7 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -551,13 +551,18 @@ async def throughput(
 ) -> dict[str, Any]:
     import tempfile
 
-    env = Env(snapshots)
-    await env.create()
-    keys = tempfile.TemporaryDirectory(prefix="lf-bench-proc-keys-")
+    # the keys before the topics: nothing is left on the servers if they cannot be made
     signed = signatures.startswith("require")
-    signer, signing = signing_keys(Path(keys.name)) if signed else (None, {})
     pooled = signatures.startswith("require-pool")
     threads = int(signatures.removeprefix("require-pool")) if pooled else 0
+    keys = tempfile.TemporaryDirectory(prefix="lf-bench-proc-keys-")
+    try:
+        signer, signing = signing_keys(Path(keys.name)) if signed else (None, {})
+    except BaseException:
+        keys.cleanup()
+        raise
+    env = Env(snapshots)
+    await env.create()
     crew = Workers(env, workers, profile, signing, threads)
     watch = PositionWatch(env)
     sign_s = 0.0
@@ -740,9 +745,9 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
 # -- worker -----------------------------------------------------------------------------------
 
 
-def pool_verification(threads: int) -> None:
+def pool_verification(threads: int) -> Callable[[], None]:
     """An experiment, not loomflow's code: the projector checks a batch's signatures over
-    a pool of ``threads`` threads, in this process from now on.
+    a pool of ``threads`` threads, in this process until the function returned is called.
 
     ``apply_records`` is wrapped: it decodes the batch's records first (``decode_record``,
     once each), checks the decoded events' signatures over the pool (``Keyring.
@@ -823,8 +828,14 @@ def pool_verification(threads: int) -> None:
             for key in ids:
                 decoded.pop(key, None)
 
+    def undo() -> None:
+        vars(module)["decode_record"] = decode
+        module.apply_records = apply
+        pool.shutdown()
+
     vars(module)["decode_record"] = cached  # the name apply_records calls
     module.apply_records = pooled
+    return undo
 
 
 async def worker(args: argparse.Namespace) -> None:
