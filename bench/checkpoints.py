@@ -66,11 +66,13 @@ keeps all, so list50 is compared between lf-sqlite-keepall and lg-sqlite).
 
 **lf-kafka**: ``KafkaRuntime(settings=...)`` on a schema, a topic prefix (6 partitions)
 and a processor id of this run's own. Its projector is ``loomflow processor`` in its own
-process, configured by LOOMFLOW_* variables alone; it is started before anything is timed,
-and the run waits until its heartbeat row in ``<schema>.processors`` holds all 6
-partitions (the sessions' claims, untimed, then prove it projects). It is stopped with
-SIGTERM at the end, always; then the schema, the topics (faust's changelog topics too)
-and faust's data directory are deleted. lf-pg drops its schema the same way.
+process, configured by LOOMFLOW_* variables alone (LOOMFLOW_KEYRING and LOOMFLOW_SIGNATURES
+too when this run has them, as a deployment that signs gives them to its projector: see
+bench/signing.py); it is started before anything is timed, and the run waits until its
+heartbeat row in ``<schema>.processors`` holds all 6 partitions (the sessions' claims,
+untimed, then prove it projects). It is stopped with SIGTERM at the end, always; then the
+schema, the topics (faust's changelog topics too) and faust's data directory are deleted.
+lf-pg drops its schema the same way.
 
 **agent**: for each of 4 sessions one after another, a new ``Agent`` (instructions = the
 workload's system prompt, ``ScriptedModel`` with no latency, one ``search_docs`` tool,
@@ -196,6 +198,11 @@ class Processor:
             LOOMFLOW_TOPIC_PARTITIONS=str(s.topic_partitions),
             LOOMFLOW_PROCESSOR_ID=s.processor_id,
         )
+        # a deployment that signs gives its projector the keys to check, as a user would
+        if s.keyring is not None:
+            env["LOOMFLOW_KEYRING"] = str(s.keyring.resolve())
+        if s.signatures is not None:
+            env["LOOMFLOW_SIGNATURES"] = s.signatures
         script = Path(sys.executable).parent / "loomflow"
         command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
         with self.log.open("wb") as log:
@@ -305,7 +312,9 @@ def _die_with_parent() -> Callable[[], None] | None:
 class Servers:
     """What one lf-pg / lf-kafka run owns on the servers, named from one random tag."""
 
-    def __init__(self, kafka: bool, workdir: Path) -> None:
+    def __init__(self, kafka: bool, workdir: Path, **overrides: Any) -> None:
+        """``overrides``: further settings of the deployment (``keyring=``: its projector
+        requires signatures)."""
         from loomflow.settings import Settings
 
         tag = secrets.token_hex(4)
@@ -323,7 +332,7 @@ class Servers:
                 topic_partitions=KAFKA_PARTITIONS,
                 processor_id=self.name,
             )
-        self.settings = Settings(**options)
+        self.settings = Settings(**{**options, **overrides})
         self.processor: Processor | None = Processor(self.settings, workdir) if kafka else None
         self.processor_exit: int | None = None
         #: what it complained of at --loglevel warn (its log goes with the temp directory)

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.processor [--events 100000] [--workers 1,2] [--reps 3]
                                         [--lag-rate 1000] [--lag-seconds 20]
                                         [--cases throughput,lag] [--json out.json]
-                                        [--profile DIR]
+                                        [--profile DIR] [--signatures off,require]
 
 Needs LOOMFLOW_KAFKA_BOOTSTRAP and LOOMFLOW_POSTGRES_DSN (``dev/services.sh start``).
 
@@ -15,6 +15,18 @@ group on an empty schema; once every partition is assigned they are told to go, 
 clock runs until the committed positions (heard on the NOTIFY channel) reach the end
 offsets. CPU seconds of the workers, of every PostgreSQL process and of the Kafka broker
 (from /proc) over the same interval tell where the time goes.
+
+signatures (``--signatures off,require``: each throughput case once per mode): with
+``require`` the events are signed before they are produced (a writer's key made by
+``loomflow keys new``, ``Signer.sign_event``, outside the clock) and the workers get
+LOOMFLOW_KEYRING and LOOMFLOW_SIGNATURES=require in their environment, as a deployment
+that signs gives its processors: each worker checks every event's signature. With
+``off`` (the default) the workers' environment has no signing setting at all.
+``require-pool2`` is an experiment, not loomflow's code: ``require`` with the worker's
+``apply_records`` wrapped (``pool_verification``) so that a batch's records are decoded
+first and their signatures checked over a pool of 2 threads (the same
+``Keyring.event_problem`` per event, the same refusals), to see what spreading the check
+would gain where Ed25519 verification runs outside the GIL.
 
 lag: one worker runs; events are produced one append at a time at a steady rate, and
 each event's lag is the time from its produce acknowledgement (acks=all) to the NOTIFY
@@ -39,7 +51,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +71,15 @@ DONE_TIMEOUT_S = 900.0
 CHILD_TIMEOUT_S = 1200
 DASH = "\u2013"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+#: the settings of signatures: a worker's come from its case alone
+SIGNING_VARS = (
+    "LOOMFLOW_SIGNING_KEY_FILE",
+    "LOOMFLOW_SIGNING_KEY",
+    "LOOMFLOW_KEYRING",
+    "LOOMFLOW_SIGNATURES",
+)
+#: ``require-pool<N>``: ``require``, checked over N threads (``pool_verification``)
+SIGNATURE_MODES = ("off", "require", "require-pool2")
 
 
 def _log(text: str) -> None:
@@ -215,10 +236,14 @@ class Env:
             await conn.close()
         return out
 
-    def worker_argv(self, expect: int, profile: Path | None, index: int) -> list[str]:
+    def worker_argv(
+        self, expect: int, profile: Path | None, index: int, verify_threads: int = 0
+    ) -> list[str]:
         argv = [sys.executable, "-m", "bench.processor", "--role", "worker"]
         if not self.snapshots:
             argv.append("--no-snapshots")
+        if verify_threads:
+            argv += ["--verify-threads", str(verify_threads)]
         argv += ["--tag", self.tag]
         argv += ["--expect", str(expect)]
         if profile is not None:
@@ -295,18 +320,31 @@ class PositionWatch:
 class Workers:
     """Projector worker processes, driven over their stdin and stdout."""
 
-    def __init__(self, env: Env, count: int, profile: Path | None) -> None:
+    def __init__(
+        self,
+        env: Env,
+        count: int,
+        profile: Path | None,
+        signing: dict[str, str] | None = None,
+        verify_threads: int = 0,
+    ) -> None:
         self.env, self.count, self.profile = env, count, profile
+        #: the signing settings of the workers' environment (none: they check nothing)
+        self.signing = signing or {}
+        #: > 0: the workers check signatures over a pool (``pool_verification``)
+        self.verify_threads = verify_threads
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> list[list[int]]:
         """Start them and return each one's partitions once all are assigned."""
         expect = PARTITIONS // self.count
         for i in range(self.count):
-            argv = self.env.worker_argv(expect, self.profile, i)
+            argv = self.env.worker_argv(expect, self.profile, i, self.verify_threads)
+            environment = {k: v for k, v in os.environ.items() if k not in SIGNING_VARS}
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 cwd=REPO,
+                env={**environment, **self.signing},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
             )
@@ -490,18 +528,53 @@ async def produce_all(env: Env, events: list[Any]) -> tuple[dict[int, int], floa
     return ends, time.perf_counter() - started
 
 
+def signing_keys(directory: Path) -> tuple[Any, dict[str, str]]:
+    """A writer's key made as a user makes it (``loomflow keys new``), and the settings
+    a worker that requires its signatures is given."""
+    from loomflow.settings import Settings
+
+    key, keyring = directory / "writer.pem", directory / "keyring.json"
+    script = Path(sys.executable).parent / "loomflow"
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
+    subprocess.run(
+        [*command, "keys", "new", str(key), "--keyring", str(keyring)],
+        check=True,
+        capture_output=True,
+        env={k: v for k, v in os.environ.items() if k not in SIGNING_VARS},
+    )
+    signer = Settings(signing_key_file=key).signer()
+    return signer, {"LOOMFLOW_KEYRING": str(keyring), "LOOMFLOW_SIGNATURES": "require"}
+
+
 async def throughput(
-    total: int, workers: int, profile: Path | None, snapshots: bool
+    total: int, workers: int, profile: Path | None, snapshots: bool, signatures: str = "off"
 ) -> dict[str, Any]:
+    import tempfile
+
+    # the keys before the topics: nothing is left on the servers if they cannot be made
+    signed = signatures.startswith("require")
+    pooled = signatures.startswith("require-pool")
+    threads = int(signatures.removeprefix("require-pool")) if pooled else 0
+    keys = tempfile.TemporaryDirectory(prefix="lf-bench-proc-keys-")
+    try:
+        signer, signing = signing_keys(Path(keys.name)) if signed else (None, {})
+    except BaseException:
+        keys.cleanup()
+        raise
     env = Env(snapshots)
     await env.create()
-    crew = Workers(env, workers, profile)
+    crew = Workers(env, workers, profile, signing, threads)
     watch = PositionWatch(env)
+    sign_s = 0.0
     try:
         built = time.perf_counter()
         events, sessions = event_stream(total)
         latest = latest_checkpoints(events)
         build_s = time.perf_counter() - built
+        if signer is not None:
+            began = time.perf_counter()
+            events = [signer.sign_event(e) for e in events]
+            sign_s = time.perf_counter() - began
         sample = events[:: max(1, len(events) // 2000)]
         mean_bytes = statistics.fmean(len(e.model_dump_json()) for e in sample)
         ends, produce_s = await produce_all(env, events)
@@ -526,6 +599,7 @@ async def throughput(
         crew.kill()
         await watch.close()
         await env.drop()
+        keys.cleanup()
 
     # (time, events) of every commit; a fresh topic's offsets start at 0
     commits = sorted(
@@ -539,6 +613,9 @@ async def throughput(
     problems = list(snapshot_problems)
     if counts["events"] != total or counts["dead_letters"]:
         problems.append(f"read model holds {counts}, expected {total} events and no dead letters")
+    checked = {r.get("signatures") for r in reports}
+    if checked != {"require" if signed else "off"}:
+        problems.append(f"workers checked signatures {sorted(map(str, checked))}, not {signatures}")
     return {
         "events": total,
         "snapshot_flush_ms": (t1 - projected) * 1e3,
@@ -563,6 +640,8 @@ async def throughput(
         "produce_s": produce_s,
         "produce_per_s": total / produce_s,
         "build_s": build_s,
+        "signatures": signatures,
+        "sign_s": sign_s,
         "applied": sum(r["applied"] for r in reports),
         "redelivered": sum(r["applied"] for r in reports) - total,
         "ok": not problems,
@@ -666,6 +745,99 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
 # -- worker -----------------------------------------------------------------------------------
 
 
+def pool_verification(threads: int) -> Callable[[], None]:
+    """An experiment, not loomflow's code: the projector checks a batch's signatures over
+    a pool of ``threads`` threads, in this process until the function returned is called.
+
+    ``apply_records`` is wrapped: it decodes the batch's records first (``decode_record``,
+    once each), checks the decoded events' signatures over the pool (``Keyring.
+    event_problem``, the check ``Signatures.check`` makes), then runs as it is, its
+    decodes taken from that pass and each event's verdict from the pool's (a failure in
+    ``require`` mode still refuses the event, in ``check`` mode is still counted)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from dataclasses import dataclass, field
+
+    from loomflow.errors import InvalidEventError, SignatureError
+    from loomflow.log.records import decode_record as decode
+    from loomflow.processors import projector as module
+    from loomflow.schemas.events import EventBase
+    from loomflow.schemas.signing import NO_SIGNATURES, Keyring, Signatures
+
+    apply = module.apply_records
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="verify")
+    #: id(record) -> its decode (or why it does not decode), while its batch is applied
+    decoded: dict[int, Any] = {}
+
+    @dataclass(frozen=True)
+    class Verdicts(Signatures):
+        """The rule of ``Signatures.check``, on the verdicts the pool found (id(event) ->
+        its problem); an event the pool did not see is checked here."""
+
+        verdicts: dict[int, str | None] = field(default_factory=dict)
+
+        def check(self, event: EventBase) -> str | None:
+            if self.keyring is None or self.mode == "off":
+                return None
+            key = id(event)
+            problem = (
+                self.verdicts[key] if key in self.verdicts else self.keyring.event_problem(event)
+            )
+            if problem is not None and self.mode == "require":
+                raise SignatureError(problem)
+            return problem
+
+    def problems(keyring: Keyring, events: list[Any]) -> list[tuple[int, str | None]]:
+        return [(id(e), keyring.event_problem(e)) for e in events]
+
+    def cached(record: Any) -> Any:
+        got = decoded.get(id(record))
+        if got is None:
+            return decode(record)
+        if isinstance(got, InvalidEventError):
+            raise got
+        return got
+
+    async def pooled(
+        conn: Any,
+        schema: str,
+        consumer: str,
+        batches: Any,
+        signatures: Signatures = NO_SIGNATURES,
+    ) -> Any:
+        keyring = signatures.keyring
+        if signatures.mode == "off" or keyring is None:
+            return await apply(conn, schema, consumer, batches, signatures)
+        ids, events = [], []
+        for records in batches.values():
+            for record in records:
+                ids.append(id(record))
+                try:
+                    got = decode(record)
+                except InvalidEventError as exc:
+                    decoded[id(record)] = exc
+                    continue
+                decoded[id(record)] = got
+                events.append(got[0])
+        parts = [events[i::threads] for i in range(threads)]
+        found = pool.map(lambda part: problems(keyring, part), parts)
+        verdicts = dict(pair for part in found for pair in part)
+        try:
+            checked = Verdicts(signatures.mode, keyring, verdicts)
+            return await apply(conn, schema, consumer, batches, checked)
+        finally:
+            for key in ids:
+                decoded.pop(key, None)
+
+    def undo() -> None:
+        vars(module)["decode_record"] = decode
+        module.apply_records = apply
+        pool.shutdown()
+
+    vars(module)["decode_record"] = cached  # the name apply_records calls
+    module.apply_records = pooled
+    return undo
+
+
 async def worker(args: argparse.Namespace) -> None:
     """One projector, as ``loomflow processor`` configures it; told when to go and stop."""
     from loomflow.processors import Projector
@@ -686,6 +858,8 @@ async def worker(args: argparse.Namespace) -> None:
             await super()._seek(consumer, assigned)
             self.sought = frozenset(tp.partition for tp in assigned)
 
+    if args.verify_threads:
+        pool_verification(args.verify_threads)
     projector = SeekAware(Env(tag=args.tag).settings, publish_snapshots=not args.no_snapshots)
     await projector.start()
     tune_gc()  # as `loomflow processor` does once its projector has started
@@ -723,6 +897,8 @@ async def worker(args: argparse.Namespace) -> None:
             "cpu_s": cpu,
             "applied": projector.applied,
             "dead": projector.dead_lettered,
+            "signature_problems": projector.signature_problems,
+            "signatures": projector.signatures.mode,
             "snapshots": projector.snapshots,
         }
     finally:
@@ -802,18 +978,18 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
     through = [k for k in results if k.startswith("throughput")]
     if through:
         out += [f"## throughput: {args.events:,} events already in the topic, one group", ""]
-        header = ["workers", "n", *(c[0] for c in THROUGHPUT_COLUMNS), "ok"]
+        header = ["workers", "signatures", "n", *(c[0] for c in THROUGHPUT_COLUMNS), "ok"]
         rows = []
         for key in through:
             fine = [r for r in results[key] if "error" not in r]
             errors = sorted({r["error"] for r in results[key] if "error" in r})
-            workers = key.split(":")[1]
+            workers, mode = [*key.split(":"), "off"][1:3]
             if not fine:
                 reason = errors[0] if errors else "not run"
-                rows.append([workers, "0", f"could not run: {reason}"])
+                rows.append([workers, mode, "0", f"could not run: {reason}"])
                 continue
             cells = [_spread(fine, k, d) for _, k, d in THROUGHPUT_COLUMNS]
-            rows.append([workers, str(len(fine)), *cells, _ok(fine, errors)])
+            rows.append([workers, mode, str(len(fine)), *cells, _ok(fine, errors)])
         out += _table(header, rows)
         everything = [r for k in through for r in results[k] if "error" not in r]
         if everything:
@@ -908,6 +1084,12 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
     parser.add_argument("--profile", type=Path, help="cProfile each worker into this directory")
     parser.add_argument(
+        "--signatures",
+        default="off",
+        help="throughput cases: comma-separated of off, require (the events signed and "
+        "every signature checked by the workers)",
+    )
+    parser.add_argument(
         "--no-snapshots",
         action="store_true",
         help="workers do not publish snapshots (Projector(publish_snapshots=False)); "
@@ -916,6 +1098,7 @@ def main() -> None:
     # worker
     parser.add_argument("--tag", help="names the topics, schema and group of one measurement")
     parser.add_argument("--expect", type=int)
+    parser.add_argument("--verify-threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     _env("LOOMFLOW_KAFKA_BOOTSTRAP")
     _env("LOOMFLOW_POSTGRES_DSN")
@@ -929,7 +1112,9 @@ def main() -> None:
         snapshots = not args.no_snapshots
         try:
             if args.role == "throughput":
-                job = throughput(args.events, int(args.workers), args.profile, snapshots)
+                job = throughput(
+                    args.events, int(args.workers), args.profile, snapshots, args.signatures
+                )
             elif args.role == "ceiling":
                 job = ceiling(args.events)
             else:
@@ -947,10 +1132,16 @@ def main() -> None:
     wanted = args.cases.split(",")
     common = ["--profile", str(args.profile)] if args.profile else []
     common += ["--no-snapshots"] if args.no_snapshots else []
+    modes = [m for m in args.signatures.split(",") if m]
+    if any(m not in SIGNATURE_MODES for m in modes):
+        parser.error(f"--signatures: each of {', '.join(SIGNATURE_MODES)}, not {modes}")
     if "throughput" in wanted:
         for w in args.workers.split(","):
-            argv = ["--role", "throughput", "--events", str(args.events), "--workers", w]
-            cases.append((f"throughput:{w}", argv + common))
+            for mode in modes:  # the modes of one worker count side by side
+                argv = ["--role", "throughput", "--events", str(args.events), "--workers", w]
+                argv += ["--signatures", mode]
+                key = f"throughput:{w}" if mode == "off" else f"throughput:{w}:{mode}"
+                cases.append((key, argv + common))
     if "ceiling" in wanted:
         cases.append(("ceiling", ["--role", "ceiling", "--events", str(args.events)]))
     if "lag" in wanted:
