@@ -37,6 +37,7 @@ __all__ = [
     "default_trail_path",
     "entry_from_row",
     "entry_values",
+    "standing_values",
 ]
 
 #: every user's sessions (``user`` of :meth:`Trail.entries`)
@@ -144,6 +145,20 @@ def entry_values(e: Entry, at: object) -> tuple[object, ...]:
         e.body,
         e.prev,
         e.hash,
+    )
+
+
+def standing_values(scope: Scope, st: Standing) -> tuple[object, ...]:
+    """A session's standing as the values of (user_id, session_id, *STANDING_FIELDS)."""
+    return (
+        stored_user(scope.user_id),
+        scope.session_id,
+        st.epoch,
+        st.last_seq,
+        st.message_count,
+        st.cancelled,
+        st.erased,
+        st.gapped,
     )
 
 

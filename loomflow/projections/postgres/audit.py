@@ -22,6 +22,7 @@ from loomflow.projections.trail import (
     Trail,
     entry_from_row,
     entry_values,
+    standing_values,
 )
 from loomflow.schemas.scope import Scope
 
@@ -219,19 +220,7 @@ async def _write(
             f"INSERT INTO {s}.audit_sessions (user_id, session_id, {_STANDING}) "
             "VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (user_id, session_id) DO UPDATE SET "
             + ", ".join(f"{name} = excluded.{name}" for name in STANDING_FIELDS),
-            [
-                (
-                    stored_user(scope.user_id),
-                    scope.session_id,
-                    st.epoch,
-                    st.last_seq,
-                    st.message_count,
-                    st.cancelled,
-                    st.erased,
-                    st.gapped,
-                )
-                for scope, st in standings.items()
-            ],
+            [standing_values(scope, st) for scope, st in standings.items()],
         )
 
 

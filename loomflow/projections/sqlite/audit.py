@@ -27,6 +27,7 @@ from loomflow.projections.trail import (
     Trail,
     entry_from_row,
     entry_values,
+    standing_values,
 )
 from loomflow.schemas.scope import Scope
 
@@ -314,19 +315,7 @@ def _write(
             f"INSERT INTO audit_sessions (user_id, session_id, {_STANDING}) "
             "VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (user_id, session_id) DO UPDATE SET "
             + ", ".join(f"{name} = excluded.{name}" for name in STANDING_FIELDS),
-            [
-                (
-                    stored_user(scope.user_id),
-                    scope.session_id,
-                    st.epoch,
-                    st.last_seq,
-                    st.message_count,
-                    int(st.cancelled),
-                    int(st.erased),
-                    int(st.gapped),
-                )
-                for scope, st in standings.items()
-            ],
+            [standing_values(scope, st) for scope, st in standings.items()],
         )
         if position is not None:
             conn.execute(
