@@ -589,11 +589,7 @@ class KafkaStore(EventStore):
         (unless an unprojected ``checkpoints.pruned`` makes the newest one unknown)."""
         await self.start()
         await self._settle({scope}, quiet=True)
-        row, since = await self.projected_session(scope)
-        latest: str | None = None
-        if checkpoint and row is not None:
-            projected = await self._reads.checkpoint(scope, None)
-            latest = None if projected is None else projected.checkpoint_id
+        row, latest, since = await self._projected_head(scope, checkpoint=checkpoint)
         pruned = False
         for event in await self.unprojected(scope, row.last_seq if row else 0, since):
             try:
@@ -610,13 +606,23 @@ class KafkaStore(EventStore):
 
     async def projected_session(self, scope: Scope) -> tuple[SessionRecord | None, int]:
         """The session's row in the read model, and the projector's position in the
-        session's partition read *before* it: the row holds every event below that
-        position (it may hold later ones too), so reading the log from there misses
-        nothing, whatever the projector commits meanwhile."""
+        session's partition in the same snapshot: the row holds every event below that
+        position and none above it, so reading the log from there misses nothing and
+        folds nothing twice, whatever the projector commits meanwhile."""
+        row, _, since = await self._projected_head(scope)
+        return row, since
+
+    async def _projected_head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None, int]:
+        """The read model's row of the session (and its newest checkpoint's id), and the
+        projector's next offset in the session's partition, all of one snapshot: the row
+        holds every event of the partition below that offset, and none after it."""
         await self.start()
         partition = await self._partition_of(scope)
-        positions = await self._reads.positions(self.group_id, self.topics.events)
-        return await self._reads.session(scope), positions.get(partition, 0)
+        return await self._reads.head_at(
+            scope, checkpoint=checkpoint, position=(self.group_id, self.topics.events, partition)
+        )
 
     async def unprojected(self, scope: Scope, after_seq: int, since: int) -> list[Event]:
         """The scope's events past ``after_seq`` in the log from offset ``since`` (a

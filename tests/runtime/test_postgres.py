@@ -580,3 +580,29 @@ async def test_a_trail_audited_at_version_7_gets_each_sessions_standing(
         assert "only run.started or session.forked claims a new epoch" in reject.reason
     finally:
         await conn.close()
+
+
+async def test_a_claims_read_is_the_row_its_newest_checkpoint_and_the_partitions_position(
+    dsn: str, schema: str
+) -> None:
+    """``head_at``: what a claim reads (a KafkaRuntime's with the projector's position
+    in the session's partition), one statement; a session with no row reads as none."""
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
+        store = runtime.store
+        newest = (await runtime.list_checkpoints(Scope("s1"), 1))[0].checkpoint_id
+        async with (await store._ready()).acquire() as conn, conn.transaction():
+            await pg.save_positions(conn, schema, "group", "events", {0: 17, 1: 40})
+        row, latest, since = await store.head_at(
+            Scope("s1"), checkpoint=True, position=("group", "events", 1)
+        )
+        assert row == await store.session(Scope("s1")) and row is not None
+        assert (latest, since) == (newest, 40)
+        assert (await store.head_at(Scope("s1"), position=("group", "events", 0)))[1:] == (None, 17)
+        assert await store.head(Scope("s1"), checkpoint=True) == (row, newest)
+        # no position stored for the partition, the group or the topic: from the start
+        for position in (("group", "events", 2), ("other", "events", 1), ("group", "x", 1)):
+            assert (await store.head_at(Scope("s1"), position=position))[2] == 0
+        assert await store.head_at(
+            Scope("s1", "someone-else"), checkpoint=True, position=("group", "events", 1)
+        ) == (None, None, 40)
