@@ -316,7 +316,7 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
         seen.append("projector wait")
         await projected(wanted)
 
-    store._reads._query = counted_read  # type: ignore[method-assign]
+    store._reads._query = counted_read  # type: ignore[method-assign,assignment]
     store._projected = counted_wait  # type: ignore[method-assign]
     follow = Research(passes=3)
     agent = follow.agent(runtime)
