@@ -102,8 +102,10 @@ class PostgresStore(DatabaseStore):
         self._opening = asyncio.Lock()
         self._closed = False
         super().__init__()
+        #: the session rows of this store's own last commits (see pg.commit_round)
+        self._known: dict[Scope, SessionRecord] = {}
         self._writes = GroupCommit(
-            lambda batches: self._call(pg.commit_round, batches), self._cache
+            lambda batches: self._call(pg.commit_round, batches, self._known), self._cache
         )
 
     @classmethod
@@ -230,6 +232,7 @@ class PostgresStore(DatabaseStore):
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()
+        self._known.clear()
         return PruneResult(*await self._call(_prune, match))
 
     # -- reads -------------------------------------------------------------------------------

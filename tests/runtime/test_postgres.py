@@ -9,6 +9,7 @@ import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -18,6 +19,7 @@ from loomflow import Message
 from loomflow.audit.auditor import Auditor, link_of
 from loomflow.errors import (
     CorruptRecordError,
+    InvalidEventError,
     SequenceConflictError,
     SessionErasedError,
     StaleWriterError,
@@ -606,3 +608,36 @@ async def test_a_claims_read_is_the_row_its_newest_checkpoint_and_the_partitions
         assert await store.head_at(
             Scope("s1", "someone-else"), checkpoint=True, position=("group", "events", 1)
         ) == (None, None, 40)
+
+
+async def test_an_append_from_remembered_rows_is_one_statement_and_never_outlives_a_prune(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store folds a lone append from the session row of its own last commit and writes
+    it in one guarded statement; once another store pruned the session, that row is
+    stale: the append is refused as it is without the row, and no session comes back."""
+    mine, other = PostgresRuntime(dsn, schema=schema), PostgresRuntime(dsn, schema=schema)
+    scope = Scope("s1", "alice")
+    writer = await mine.open_session(scope, run_id=new_id("run"))
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("first")]))
+
+    statements: list[str] = []
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):
+        method = getattr(asyncpg.Connection, name)
+
+        async def counted(self: Any, query: str, *args: Any, _method: Any = method) -> Any:
+            statements.append(query.split(None, 1)[0])
+            return await _method(self, query, *args)
+
+        monkeypatch.setattr(asyncpg.Connection, name, counted)
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("second")]))
+    assert statements == ["WITH"]  # no BEGIN, no read of the row, no COMMIT
+    monkeypatch.undo()
+
+    assert (await other.store.prune(session_id="s1", user_id="alice")).sessions == 1
+    with pytest.raises(InvalidEventError):
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("third")]))
+    assert await other.store.session(scope) is None
+    assert await other.store.read_events(scope) == []
+    for runtime in (mine, other):
+        await runtime.close()

@@ -15,7 +15,7 @@ from loomflow.errors import (
     LoomflowError,
     SequenceConflictError,
 )
-from loomflow.projections.apply import NewRows, Seq, StoredRows, apply_batch_async
+from loomflow.projections.apply import NewRows, Seq, StoredRows, apply_batch_async, scopes
 from loomflow.projections.fold import (
     AddTranscript,
     Change,
@@ -26,6 +26,8 @@ from loomflow.projections.fold import (
     PutCheckpoint,
     PutStep,
     RetainCheckpoints,
+    maybe_redelivered,
+    project,
 )
 from loomflow.projections.postgres.schema import quoted
 from loomflow.projections.postgres.tables import (
@@ -47,6 +49,7 @@ from loomflow.schemas.scope import Scope, scope_of
 from loomflow.schemas.sessions import SessionRecord
 
 __all__ = [
+    "KNOWN_ROWS",
     "PostgresDialect",
     "apply",
     "apply_events",
@@ -92,16 +95,25 @@ async def _write(
     events: list[Event],
     sessions: list[SessionRecord],
     payloads: Mapping[int, str],
-) -> None:
-    """Append log rows and save session rows.
+    guard: Sequence[SessionRecord] = (),
+) -> bool:
+    """Append log rows and save session rows; return whether they were written.
 
     A few rows go in one statement (one round trip). A projector's batch of thousands
     goes by binary COPY, which costs PostgreSQL and asyncpg a fraction of array
     parameters (asyncpg checks every array element's type), then one upsert of the
     session rows.
+
+    With ``guard`` (the rows the sessions had when ``sessions`` were folded from them,
+    not read in this transaction), the statement first locks those sessions' rows and
+    writes nothing unless each still has the guard's last seq and epoch: a writer that
+    folded from rows it remembers appends in one statement, without a transaction of
+    its own, and learns from the result whether another writer came first.
     """
     if not events:
-        return  # every event was a redelivery: nothing changed
+        return True  # every event was a redelivery: nothing changed
+    if guard:
+        return await _write_guarded(conn, schema, events, sessions, guard)
     s = quoted(schema)
     events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
     save_sessions = sorted(sessions, key=by_scope)
@@ -130,7 +142,7 @@ async def _write(
             )
             sql = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, key=SESSION_KEY)
             await conn.execute(sql, *arrays(SESSION_ROW_COLUMNS, save_sessions))
-            return
+            return True
         log = insert_sql(f"{s}.events", LOG_COLUMNS)
         save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, len(LOG_COLUMNS) + 1, SESSION_KEY)
         await conn.execute(
@@ -140,10 +152,53 @@ async def _write(
             *arrays(SESSION_ROW_COLUMNS, save_sessions),
         )
     except asyncpg.UniqueViolationError as exc:
-        # a concurrent writer committed the same seq of a session that had no row to lock
-        raise SequenceConflictError(
-            f"another writer appended first: {exc.detail or exc}; read the session again"
-        ) from exc
+        raise _conflict(exc) from exc
+    return True
+
+
+def _conflict(exc: asyncpg.UniqueViolationError) -> SequenceConflictError:
+    # a concurrent writer committed the same seq of a session that had no row to lock
+    return SequenceConflictError(
+        f"another writer appended first: {exc.detail or exc}; read the session again"
+    )
+
+
+async def _write_guarded(
+    conn: asyncpg.Connection,
+    schema: str,
+    events: list[Event],
+    sessions: list[SessionRecord],
+    guard: Sequence[SessionRecord],
+) -> bool:
+    """``_write`` of a few rows in one statement, only if every session's stored row still
+    has the last seq and epoch of its ``guard`` row (see ``_write``)."""
+    s = quoted(schema)
+    events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
+    ordered = sorted(sessions, key=by_scope)
+    first = len(LOG_COLUMNS) + len(SESSION_ROW_COLUMNS) + 1
+    held = "(SELECT held FROM still)"
+    log = insert_sql(f"{s}.events", LOG_COLUMNS, where=held)
+    save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, len(LOG_COLUMNS) + 1, SESSION_KEY, held)
+    try:
+        saved = await conn.fetch(
+            f"WITH locked AS (SELECT 1 FROM {s}.sessions t JOIN unnest(${first}::text[], "
+            f"${first + 1}::text[], ${first + 2}::bigint[], ${first + 3}::bigint[]) "
+            "AS g(u, s, last, epoch) ON t.user_id = g.u AND t.session_id = g.s "
+            "AND t.last_seq = g.last AND t.epoch = g.epoch ORDER BY t.user_id, t.session_id "
+            f"FOR UPDATE OF t), still AS (SELECT count(*) = ${first + 4} AS held FROM locked), "
+            f"log AS ({log}) {save} RETURNING 1",
+            *arrays(LOG_COLUMNS[:-1], events),
+            [payload_json(e) for e in events],
+            *arrays(SESSION_ROW_COLUMNS, ordered),
+            [stored_user(row.user_id) for row in guard],
+            [row.session_id for row in guard],
+            [row.last_seq for row in guard],
+            [row.epoch for row in guard],
+            len(guard),
+        )
+    except asyncpg.UniqueViolationError as exc:
+        raise _conflict(exc) from exc
+    return len(saved) == len(ordered)
 
 
 async def _stored_event_ids(
@@ -223,29 +278,103 @@ class PostgresDialect:
         await _write(self.conn, self.schema, written, list(rows.values()), self.payloads)
 
 
+#: how many sessions' rows a PostgresStore keeps from its own commits
+KNOWN_ROWS = 4096
+
+
 async def commit_round(
-    conn: asyncpg.Connection, schema: str, appends: list[list[Event]]
+    conn: asyncpg.Connection,
+    schema: str,
+    appends: list[list[Event]],
+    known: dict[Scope, SessionRecord] | None = None,
 ) -> list[LoomflowError | None]:
-    """Commit a round of appends in one transaction; return each append's outcome."""
+    """Commit a round of appends in one transaction; return each append's outcome.
+
+    ``known`` holds the session rows of the caller's own last commits, and is kept up to
+    date. A lone append whose sessions are all known, and which only adds to the log
+    (no checkpoint, step or erasure to write besides), is folded from them and written
+    in one guarded statement (``_write``): one round trip instead of a transaction's
+    four. If another writer moved a session on meanwhile, nothing is written and the
+    append goes the usual way, which reads the rows it locks.
+    """
+    events = [e for batch in appends for e in batch]
+    if known is not None:
+        if len(appends) == 1 and await _commit_known(conn, schema, events, known):
+            return [None]
+        for scope in scopes(events):  # the round decides their rows anew
+            known.pop(scope, None)
     try:
         async with conn.transaction():
-            await apply_events(conn, schema, [e for events in appends for e in events])
+            changed = await apply_batch_async(PostgresDialect(conn, schema, {}), events)
+        _remember(known, changed)
         return [None] * len(appends)
     except LoomflowError as exc:
         if len(appends) == 1:
             return [exc]
     # one of them was refused: again, each in its own savepoint, so that it fails alone
     outcomes: list[LoomflowError | None] = []
+    updates: dict[Scope, SessionRecord] = {}
     async with conn.transaction():
-        for events in appends:
+        for batch in appends:
             try:
                 async with conn.transaction():
-                    await apply_events(conn, schema, events)
+                    updates.update(
+                        await apply_batch_async(PostgresDialect(conn, schema, {}), batch)
+                    )
             except LoomflowError as exc:
                 outcomes.append(exc)
             else:
                 outcomes.append(None)
+    _remember(known, updates)
     return outcomes
+
+
+async def _commit_known(
+    conn: asyncpg.Connection,
+    schema: str,
+    events: list[Event],
+    known: dict[Scope, SessionRecord],
+) -> bool:
+    """Write ``events`` folded from the ``known`` rows of their sessions, in one guarded
+    statement; False (nothing written) when it cannot: a session not known, an event
+    that may be a redelivery or that the fold refuses, a change beyond the log and the
+    session rows, or a session that another writer moved on."""
+    rows: dict[Scope, SessionRecord | None] = {}
+    for scope in scopes(events):
+        rows[scope] = known.get(scope)
+        if rows[scope] is None:
+            return False
+    if maybe_redelivered(rows, events):
+        return False
+    try:
+        changed, changes = project(rows, events, {})
+    except InvalidEventError:
+        return False  # the rows it locks say whether it is refused
+    if any(not isinstance(m, AddTranscript) for c in changes for m in c.mutations):
+        return False
+    guard = [row for row in rows.values() if row is not None]
+    try:
+        written = await _write(
+            conn, schema, [c.event for c in changes], list(changed.values()), {}, guard
+        )
+    except SequenceConflictError:
+        return False
+    if written:
+        _remember(known, changed)
+    return written
+
+
+def _remember(
+    known: dict[Scope, SessionRecord] | None, changed: Mapping[Scope, SessionRecord]
+) -> None:
+    """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them."""
+    if known is None:
+        return
+    for scope, row in changed.items():
+        known.pop(scope, None)  # to the end: the least recently written go first
+        known[scope] = row
+    while len(known) > KNOWN_ROWS:
+        del known[next(iter(known))]
 
 
 # -- mutations -----------------------------------------------------------------------
