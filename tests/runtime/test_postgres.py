@@ -632,11 +632,26 @@ async def test_an_append_from_remembered_rows_is_one_statement_and_never_outlive
         monkeypatch.setattr(asyncpg.Connection, name, counted)
     await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("second")]))
     assert statements == ["WITH"]  # no BEGIN, no read of the row, no COMMIT
+    # a checkpoint and its retention go in the same one statement
+    writer.stage(
+        CheckpointWritten,
+        CheckpointWrittenPayload(
+            checkpoint_id=new_id("ckpt"),
+            turn=0,
+            cumulative_usage=Usage(),
+            cursor="pass:1",
+            message_count=2,
+            retain=1,
+        ),
+    )
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("third")]))
+    assert statements == ["WITH", "WITH"]
     monkeypatch.undo()
+    assert len(await mine.list_checkpoints(scope)) == 1
 
     assert (await other.store.prune(session_id="s1", user_id="alice")).sessions == 1
     with pytest.raises(InvalidEventError):
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("third")]))
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("fourth")]))
     assert await other.store.session(scope) is None
     assert await other.store.read_events(scope) == []
     for runtime in (mine, other):

@@ -95,25 +95,16 @@ async def _write(
     events: list[Event],
     sessions: list[SessionRecord],
     payloads: Mapping[int, str],
-    guard: Sequence[SessionRecord] = (),
-) -> bool:
-    """Append log rows and save session rows; return whether they were written.
+) -> None:
+    """Append log rows and save session rows.
 
     A few rows go in one statement (one round trip). A projector's batch of thousands
     goes by binary COPY, which costs PostgreSQL and asyncpg a fraction of array
     parameters (asyncpg checks every array element's type), then one upsert of the
     session rows.
-
-    With ``guard`` (the rows the sessions had when ``sessions`` were folded from them,
-    not read in this transaction), the statement first locks those sessions' rows and
-    writes nothing unless each still has the guard's last seq and epoch: a writer that
-    folded from rows it remembers appends in one statement, without a transaction of
-    its own, and learns from the result whether another writer came first.
     """
     if not events:
-        return True  # every event was a redelivery: nothing changed
-    if guard:
-        return await _write_guarded(conn, schema, events, sessions, guard)
+        return  # every event was a redelivery: nothing changed
     s = quoted(schema)
     events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
     save_sessions = sorted(sessions, key=by_scope)
@@ -142,7 +133,7 @@ async def _write(
             )
             sql = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, key=SESSION_KEY)
             await conn.execute(sql, *arrays(SESSION_ROW_COLUMNS, save_sessions))
-            return True
+            return
         log = insert_sql(f"{s}.events", LOG_COLUMNS)
         save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, len(LOG_COLUMNS) + 1, SESSION_KEY)
         await conn.execute(
@@ -153,7 +144,6 @@ async def _write(
         )
     except asyncpg.UniqueViolationError as exc:
         raise _conflict(exc) from exc
-    return True
 
 
 def _conflict(exc: asyncpg.UniqueViolationError) -> SequenceConflictError:
@@ -169,33 +159,66 @@ async def _write_guarded(
     events: list[Event],
     sessions: list[SessionRecord],
     guard: Sequence[SessionRecord],
+    checkpoints: _Wave,
 ) -> bool:
-    """``_write`` of a few rows in one statement, only if every session's stored row still
-    has the last seq and epoch of its ``guard`` row (see ``_write``)."""
+    """Append log rows, save session rows and write the sessions' new ``checkpoints`` (a
+    PutCheckpoint each, at most one per session, then at most one RetainCheckpoints), in
+    one statement outside any transaction of the caller's, and only if every session's
+    stored row still has the last seq and epoch of its ``guard`` row; return whether it
+    wrote. The statement locks those rows first: a writer that folded from rows it
+    remembers (not read in a transaction) learns from the result whether another writer
+    moved a session on or pruned it meanwhile."""
     s = quoted(schema)
-    events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
-    ordered = sorted(sessions, key=by_scope)
-    first = len(LOG_COLUMNS) + len(SESSION_ROW_COLUMNS) + 1
+    args: list[Any] = []
+
+    def take(values: Sequence[object]) -> int:
+        """Add parameters; the number of the first one."""
+        args.extend(values)
+        return len(args) - len(values) + 1
+
     held = "(SELECT held FROM still)"
-    log = insert_sql(f"{s}.events", LOG_COLUMNS, where=held)
-    save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, len(LOG_COLUMNS) + 1, SESSION_KEY, held)
-    try:
-        saved = await conn.fetch(
-            f"WITH locked AS (SELECT 1 FROM {s}.sessions t JOIN unnest(${first}::text[], "
-            f"${first + 1}::text[], ${first + 2}::bigint[], ${first + 3}::bigint[]) "
-            "AS g(u, s, last, epoch) ON t.user_id = g.u AND t.session_id = g.s "
-            "AND t.last_seq = g.last AND t.epoch = g.epoch ORDER BY t.user_id, t.session_id "
-            f"FOR UPDATE OF t), still AS (SELECT count(*) = ${first + 4} AS held FROM locked), "
-            f"log AS ({log}) {save} RETURNING 1",
-            *arrays(LOG_COLUMNS[:-1], events),
-            [payload_json(e) for e in events],
-            *arrays(SESSION_ROW_COLUMNS, ordered),
+    g = take(
+        [
             [stored_user(row.user_id) for row in guard],
             [row.session_id for row in guard],
             [row.last_seq for row in guard],
             [row.epoch for row in guard],
             len(guard),
+        ]
+    )
+    ctes = [
+        f"locked AS (SELECT 1 FROM {s}.sessions t JOIN unnest(${g}::text[], ${g + 1}::text[], "
+        f"${g + 2}::bigint[], ${g + 3}::bigint[]) AS g(u, s, last, epoch) ON t.user_id = g.u "
+        "AND t.session_id = g.s AND t.last_seq = g.last AND t.epoch = g.epoch "
+        "ORDER BY t.user_id, t.session_id FOR UPDATE OF t)",
+        f"still AS (SELECT count(*) = ${g + 4} AS held FROM locked)",
+    ]
+    puts = [(key, m) for key, m in checkpoints if isinstance(m, PutCheckpoint)]
+    if puts:
+        first = take(arrays(_CHECKPOINT_ROW_COLUMNS, puts))
+        rows = insert_sql(f"{s}.checkpoints", _CHECKPOINT_ROW_COLUMNS, first, where=held)
+        ctes.append(f"ckpt AS ({rows})")
+    keeps = [(key, m.keep) for key, m in checkpoints if isinstance(m, RetainCheckpoints)]
+    if keeps:
+        # one statement sees the checkpoints as they were before its insert: the new one
+        # (newer than all of them) is one of the ``keep`` kept, so keep - 1 of these stay
+        r = take([[k[0] for k, _ in keeps], [k[1] for k, _ in keeps], [n for _, n in keeps]])
+        ctes.append(
+            f"cut AS (DELETE FROM {s}.checkpoints c USING (SELECT r.u, r.s, (SELECT o.seq "
+            f"FROM {s}.checkpoints o WHERE o.user_id = r.u AND o.session_id = r.s ORDER BY "
+            f"o.seq DESC OFFSET r.keep - 1 LIMIT 1) AS cut FROM unnest(${r}::text[], "
+            f"${r + 1}::text[], ${r + 2}::bigint[]) AS r(u, s, keep)) AS x WHERE {held} "
+            "AND x.cut IS NOT NULL AND c.user_id = x.u AND c.session_id = x.s "
+            "AND c.seq <= x.cut)"
         )
+    events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
+    first = take([*arrays(LOG_COLUMNS[:-1], events), [payload_json(e) for e in events]])
+    ctes.append(f"log AS ({insert_sql(f'{s}.events', LOG_COLUMNS, first, where=held)})")
+    ordered = sorted(sessions, key=by_scope)
+    first = take(arrays(SESSION_ROW_COLUMNS, ordered))
+    save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, first, SESSION_KEY, held)
+    try:
+        saved = await conn.fetch(f"WITH {', '.join(ctes)} {save} RETURNING 1", *args)
     except asyncpg.UniqueViolationError as exc:
         raise _conflict(exc) from exc
     return len(saved) == len(ordered)
@@ -350,18 +373,38 @@ async def _commit_known(
         changed, changes = project(rows, events, {})
     except InvalidEventError:
         return False  # the rows it locks say whether it is refused
-    if any(not isinstance(m, AddTranscript) for c in changes for m in c.mutations):
+    checkpoints = _checkpoint_wave(changes)
+    if checkpoints is None:
         return False
     guard = [row for row in rows.values() if row is not None]
     try:
-        written = await _write(
-            conn, schema, [c.event for c in changes], list(changed.values()), {}, guard
+        written = await _write_guarded(
+            conn, schema, [c.event for c in changes], list(changed.values()), guard, checkpoints
         )
     except SequenceConflictError:
         return False
     if written:
         _remember(known, changed)
     return written
+
+
+def _checkpoint_wave(changes: Sequence[Change]) -> _Wave | None:
+    """The changes' mutations beyond the log as one statement can write them: per session
+    at most one new checkpoint, then at most one retention; None for anything else."""
+    wave: _Wave = []
+    seen: dict[StoredKey, list[Mutation]] = {}
+    for change in changes:
+        key = by_scope(change.event)
+        for mutation in change.mutations:
+            if isinstance(mutation, AddTranscript):
+                continue
+            done = seen.setdefault(key, [])
+            first = isinstance(mutation, PutCheckpoint) and not done
+            if not (first or (isinstance(mutation, RetainCheckpoints) and len(done) == 1)):
+                return None
+            done.append(mutation)
+            wave.append((key, mutation))
+    return wave
 
 
 def _remember(
