@@ -558,17 +558,19 @@ class KafkaStore(EventStore):
         acknowledged before it, from any process (one offsets request, then usually no
         wait at all)."""
         partition = await self._partition_of(scope)
+        end = await self._end_of(partition)
+        if end > 0:
+            await self._projected({partition: end - 1})
+
+    async def _end_of(self, partition: int) -> int:
+        """The events topic's partition's end offset now (one request to its leader)."""
         tp = TopicPartition(self.topics.events, partition)
         async with self._reader_lock:
             reader = await self._reader()
             try:
-                end = (await reader.end_offsets([tp]))[tp]
+                return int((await reader.end_offsets([tp]))[tp])
             except KafkaError as exc:
-                raise StoreError(
-                    f"reading the end of {tp.topic}/{partition} failed: {exc}"
-                ) from exc
-        if end > 0:
-            await self._projected({partition: end - 1})
+                raise kafka_error(f"reading the end of {tp.topic}/{partition} failed", exc) from exc
 
     async def _partition_of(self, scope: Scope) -> int:
         return await self._producer.partition_of(scope_key(scope.user_id, scope.session_id))
@@ -589,13 +591,20 @@ class KafkaStore(EventStore):
         (unless an unprojected ``checkpoints.pruned`` makes the newest one unknown)."""
         await self.start()
         await self._settle({scope}, quiet=True)
-        row, since = await self.projected_session(scope)
-        latest: str | None = None
-        if checkpoint and row is not None:
-            projected = await self._reads.checkpoint(scope, None)
-            latest = None if projected is None else projected.checkpoint_id
+        # the read model and the log's end at once: an append Kafka acknowledged before
+        # this read began is below that end, whichever of the two answers first
+        projected = asyncio.ensure_future(self._projected_head(scope, checkpoint=checkpoint))
+        try:
+            end = await self._end_of(await self._partition_of(scope))
+        except BaseException:
+            projected.cancel()
+            await asyncio.wait({projected})
+            if not projected.cancelled():
+                projected.exception()  # the end's failure is what the caller hears of
+            raise
+        row, latest, since = await projected
         pruned = False
-        for event in await self.unprojected(scope, row.last_seq if row else 0, since):
+        for event in await self.unprojected(scope, row.last_seq if row else 0, since, end=end):
             try:
                 row, _ = fold(row, event)
             except InvalidEventError:
@@ -610,17 +619,30 @@ class KafkaStore(EventStore):
 
     async def projected_session(self, scope: Scope) -> tuple[SessionRecord | None, int]:
         """The session's row in the read model, and the projector's position in the
-        session's partition read *before* it: the row holds every event below that
-        position (it may hold later ones too), so reading the log from there misses
-        nothing, whatever the projector commits meanwhile."""
+        session's partition in the same snapshot: the row holds every event below that
+        position and none above it, so reading the log from there misses nothing and
+        folds nothing twice, whatever the projector commits meanwhile."""
+        row, _, since = await self._projected_head(scope)
+        return row, since
+
+    async def _projected_head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None, int]:
+        """The read model's row of the session (and its newest checkpoint's id), and the
+        projector's next offset in the session's partition, all of one snapshot: the row
+        holds every event of the partition below that offset, and none after it."""
         await self.start()
         partition = await self._partition_of(scope)
-        positions = await self._reads.positions(self.group_id, self.topics.events)
-        return await self._reads.session(scope), positions.get(partition, 0)
+        return await self._reads.head_at(
+            scope, checkpoint=checkpoint, position=(self.group_id, self.topics.events, partition)
+        )
 
-    async def unprojected(self, scope: Scope, after_seq: int, since: int) -> list[Event]:
+    async def unprojected(
+        self, scope: Scope, after_seq: int, since: int, *, end: int | None = None
+    ) -> list[Event]:
         """The scope's events past ``after_seq`` in the log from offset ``since`` (a
-        position from ``projected_session``) to its end.
+        position from ``projected_session``) to its end (``end``: the partition's end
+        offset as the caller read it, else now).
 
         Empty unless the projector lags: then the lagging part of one partition is read,
         so a resume never waits for the read model to catch up. What the projector
@@ -632,14 +654,15 @@ class KafkaStore(EventStore):
         partition = await self._partition_of(scope)
         tp = TopicPartition(self.topics.events, partition)
         committed = since
+        if end is None:
+            end = await self._end_of(partition)
+        if committed >= end:
+            return []
         later: list[Event] = []
         taken: set[int] = set()
         async with self._reader_lock:  # one consumer, assigned to one partition at a time
             reader = await self._reader()
             try:
-                end = (await reader.end_offsets([tp]))[tp]
-                if committed >= end:
-                    return []
                 reader.assign([tp])
                 reader.seek(tp, committed)
                 while await reader.position(tp) < end:

@@ -18,6 +18,7 @@ from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.store import DatabaseStore, PruneResult
 from loomflow.schemas import Event
 from loomflow.schemas.codec import Serializer
+from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
@@ -101,8 +102,10 @@ class PostgresStore(DatabaseStore):
         self._opening = asyncio.Lock()
         self._closed = False
         super().__init__()
+        #: the session rows of this store's own last commits (see pg.commit_round)
+        self._known: dict[Scope, SessionRecord] = {}
         self._writes = GroupCommit(
-            lambda batches: self._call(pg.commit_round, batches), self._cache
+            lambda batches: self._call(pg.commit_round, batches, self._known), self._cache
         )
 
     @classmethod
@@ -229,6 +232,7 @@ class PostgresStore(DatabaseStore):
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()
+        self._known.clear()
         return PruneResult(*await self._call(_prune, match))
 
     # -- reads -------------------------------------------------------------------------------
@@ -237,6 +241,28 @@ class PostgresStore(DatabaseStore):
 
     async def _query(self, query: Callable[..., Any], *args: Any) -> Any:
         return await self._call(query, *args)
+
+    async def head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None]:
+        """The session's row and (``checkpoint``) its newest checkpoint's id, in one
+        round trip."""
+        row, latest, _ = await self.head_at(scope, checkpoint=checkpoint)
+        return row, latest
+
+    async def head_at(
+        self,
+        scope: Scope,
+        *,
+        checkpoint: bool = False,
+        position: tuple[str, str, int] | None = None,
+    ) -> tuple[SessionRecord | None, str | None, int]:
+        """``head``, and the next offset of ``position`` (consumer, topic, partition) read
+        in the same snapshot (0 when none is stored, or no position is asked for)."""
+        found: tuple[SessionRecord | None, str | None, int] = await self._read(
+            pg.reads.load_head, scope, checkpoint, position
+        )
+        return found
 
     async def consumed_topics(self) -> list[tuple[str, str]]:
         """(consumer group, topic) of the Kafka consumers that project into this schema;

@@ -306,17 +306,17 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
     await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
     store = runtime.store
     seen: list[str] = []
-    read_session, projected = store._reads.session, store._projected
+    query, projected = store._reads._query, store._projected
 
-    async def counted_read(scope: Scope) -> SessionRecord | None:
-        seen.append("session read")
-        return await read_session(scope)
+    async def counted_read(read: Any, *args: Any) -> Any:
+        seen.append(read.__name__)  # every query of the read model, one round trip each
+        return await query(read, *args)
 
     async def counted_wait(wanted: dict[int, int]) -> None:
         seen.append("projector wait")
         await projected(wanted)
 
-    store._reads.session = counted_read  # type: ignore[method-assign]
+    store._reads._query = counted_read  # type: ignore[method-assign,assignment]
     store._projected = counted_wait  # type: ignore[method-assign]
     follow = Research(passes=3)
     agent = follow.agent(runtime)
@@ -330,10 +330,11 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
     before_model = seen[: seen.index("model call")]
-    assert before_model == ["session read", "projector wait"]
-    assert [s for s in seen if s != "model call"] == [
-        "session read",
+    assert before_model == ["load_head", "projector wait", "read_transcript"]
+    assert [s for s in seen if s not in ("model call", "get_step")] == [
+        "load_head",  # the row, the newest checkpoint and the projector's position at once
         "projector wait",
+        "read_transcript",
         "projector wait",  # the run's return: its checkpoints are readable everywhere
     ]
     await runtime.close()

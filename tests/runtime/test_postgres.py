@@ -9,6 +9,7 @@ import socket
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -18,6 +19,7 @@ from loomflow import Message
 from loomflow.audit.auditor import Auditor, link_of
 from loomflow.errors import (
     CorruptRecordError,
+    InvalidEventError,
     SequenceConflictError,
     SessionErasedError,
     StaleWriterError,
@@ -580,3 +582,77 @@ async def test_a_trail_audited_at_version_7_gets_each_sessions_standing(
         assert "only run.started or session.forked claims a new epoch" in reject.reason
     finally:
         await conn.close()
+
+
+async def test_a_claims_read_is_the_row_its_newest_checkpoint_and_the_partitions_position(
+    dsn: str, schema: str
+) -> None:
+    """``head_at``: what a claim reads (a KafkaRuntime's with the projector's position
+    in the session's partition), one statement; a session with no row reads as none."""
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
+        store = runtime.store
+        newest = (await runtime.list_checkpoints(Scope("s1"), 1))[0].checkpoint_id
+        async with (await store._ready()).acquire() as conn, conn.transaction():
+            await pg.save_positions(conn, schema, "group", "events", {0: 17, 1: 40})
+        row, latest, since = await store.head_at(
+            Scope("s1"), checkpoint=True, position=("group", "events", 1)
+        )
+        assert row == await store.session(Scope("s1")) and row is not None
+        assert (latest, since) == (newest, 40)
+        assert (await store.head_at(Scope("s1"), position=("group", "events", 0)))[1:] == (None, 17)
+        assert await store.head(Scope("s1"), checkpoint=True) == (row, newest)
+        # no position stored for the partition, the group or the topic: from the start
+        for position in (("group", "events", 2), ("other", "events", 1), ("group", "x", 1)):
+            assert (await store.head_at(Scope("s1"), position=position))[2] == 0
+        assert await store.head_at(
+            Scope("s1", "someone-else"), checkpoint=True, position=("group", "events", 1)
+        ) == (None, None, 40)
+
+
+async def test_an_append_from_remembered_rows_is_one_statement_and_never_outlives_a_prune(
+    dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store folds a lone append from the session row of its own last commit and writes
+    it in one guarded statement; once another store pruned the session, that row is
+    stale: the append is refused as it is without the row, and no session comes back."""
+    mine, other = PostgresRuntime(dsn, schema=schema), PostgresRuntime(dsn, schema=schema)
+    scope = Scope("s1", "alice")
+    writer = await mine.open_session(scope, run_id=new_id("run"))
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("first")]))
+
+    statements: list[str] = []
+    for name in ("execute", "fetch", "fetchrow", "fetchval"):
+        method = getattr(asyncpg.Connection, name)
+
+        async def counted(self: Any, query: str, *args: Any, _method: Any = method) -> Any:
+            statements.append(query.split(None, 1)[0])
+            return await _method(self, query, *args)
+
+        monkeypatch.setattr(asyncpg.Connection, name, counted)
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("second")]))
+    assert statements == ["WITH"]  # no BEGIN, no read of the row, no COMMIT
+    # a checkpoint and its retention go in the same one statement
+    writer.stage(
+        CheckpointWritten,
+        CheckpointWrittenPayload(
+            checkpoint_id=new_id("ckpt"),
+            turn=0,
+            cumulative_usage=Usage(),
+            cursor="pass:1",
+            message_count=2,
+            retain=1,
+        ),
+    )
+    await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("third")]))
+    assert statements == ["WITH", "WITH"]
+    monkeypatch.undo()
+    assert len(await mine.list_checkpoints(scope)) == 1
+
+    assert (await other.store.prune(session_id="s1", user_id="alice")).sessions == 1
+    with pytest.raises(InvalidEventError):
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("fourth")]))
+    assert await other.store.session(scope) is None
+    assert await other.store.read_events(scope) == []
+    for runtime in (mine, other):
+        await runtime.close()

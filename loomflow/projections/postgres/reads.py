@@ -44,6 +44,7 @@ __all__ = [
     "latest_snapshots",
     "list_checkpoints",
     "list_sessions",
+    "load_head",
     "load_session",
     "match_sessions",
     "read_events",
@@ -73,6 +74,47 @@ async def load_session(
         session_id,
     )
     return None if row is None else session_from_row(row)
+
+
+async def load_head(
+    conn: asyncpg.Connection,
+    schema: str,
+    user_id: str | None,
+    session_id: str,
+    checkpoint: bool,
+    position: tuple[str, str, int] | None = None,
+) -> tuple[SessionRecord | None, str | None, int]:
+    """What a claim reads of a session, in one statement (one round trip): its row, the
+    id of its newest checkpoint when ``checkpoint`` (else None), and, given ``position``
+    (consumer, topic, partition), that consumer's next offset in the partition (else 0).
+
+    One statement reads one snapshot, and a projector commits its rows with its
+    positions: the row holds exactly the partition's events below that offset.
+    """
+    s = quoted(schema)
+    latest = (
+        f"(SELECT c.checkpoint_id FROM {s}.checkpoints c WHERE c.user_id = $1 "
+        "AND c.session_id = $2 ORDER BY c.seq DESC LIMIT 1)"
+        if checkpoint
+        else "NULL::text"
+    )
+    offset = (
+        f"(SELECT p.next_offset FROM {s}.positions p WHERE p.consumer = $3 "
+        "AND p.topic = $4 AND p.partition = $5)"
+        if position is not None
+        else "NULL::bigint"
+    )
+    args: list[Any] = [stored_user(user_id), session_id]
+    if position is not None:
+        args.extend(position)
+    row = await conn.fetchrow(
+        f"SELECT {SESSION_COLUMNS}, {latest}, {offset} FROM (SELECT) AS one "
+        f"LEFT JOIN {s}.sessions ON user_id = $1 AND session_id = $2",
+        *args,
+    )
+    assert row is not None  # the outer side of the join is one row
+    found = None if row[1] is None else session_from_row(row)
+    return found, (row[-2] if found is not None else None), int(row[-1] or 0)
 
 
 def _selecting(

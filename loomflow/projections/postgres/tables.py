@@ -83,15 +83,20 @@ SESSION_COLUMNS = _select(SESSION_ROW_COLUMNS)
 
 
 @lru_cache(maxsize=256)
-def insert_sql(table: str, columns: Columns, first: int = 1, key: tuple[str, ...] = ()) -> str:
+def insert_sql(
+    table: str, columns: Columns, first: int = 1, key: tuple[str, ...] = (), where: str = ""
+) -> str:
     """An INSERT of one row per element of the array parameters $first, $first + 1, ...;
-    with ``key``, a row whose key exists replaces it."""
+    with ``key``, a row whose key exists replaces it; with ``where``, only if that
+    condition holds."""
     names = ", ".join(name for name, _, _ in columns)
     values = ", ".join(f"{n}::{t}" if t in _JSON else n for n, t, _ in columns)
     arrays = ", ".join(
         f"${first + i}::{'text' if t in _JSON else t}[]" for i, (_, t, _) in enumerate(columns)
     )
     sql = f"INSERT INTO {table} ({names}) SELECT {values} FROM unnest({arrays}) AS x({names})"
+    if where:
+        sql += f" WHERE {where}"
     if key:
         updates = ", ".join(f"{n} = excluded.{n}" for n, _, _ in columns if n not in key)
         sql += f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
