@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from bench import checkpoints, pg_peers
+from tests.support.services import postgres_dsn
 
 
 def test_the_check_names_a_missing_a_changed_and_an_extra_message() -> None:
@@ -71,6 +72,13 @@ def test_the_report_shows_each_stack_and_the_verdict() -> None:
 
 
 pg = pytest.mark.postgres
+
+
+@pytest.fixture(autouse=True)
+def _dsn(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The benches find PostgreSQL by LOOMFLOW_POSTGRES_DSN, as the tests' services do."""
+    if request.node.get_closest_marker("postgres"):
+        monkeypatch.setenv("LOOMFLOW_POSTGRES_DSN", postgres_dsn())
 
 
 @pg
