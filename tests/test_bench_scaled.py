@@ -44,7 +44,7 @@ def test_ours_per_turn_is_judged_against_the_best_peer() -> None:
 
 
 def test_the_projector_targets_per_worker_ceiling_and_lag() -> None:
-    data = {
+    data: dict[str, Any] = {
         "results": {
             "throughput:1": [{"events_per_s": 21_000.0, "ok": True}],
             "throughput:2": [{"events_per_s": 30_000.0, "ok": True}],
@@ -56,6 +56,10 @@ def test_the_projector_targets_per_worker_ceiling_and_lag() -> None:
     assert rate.met is True and "2 workers: 15,000 per worker" in rate.figure
     assert ceiling.met is False and ceiling.figure.startswith("0.58x")
     assert lag.met is False and lag.figure == "40.0 ms"
+    data["results"]["lag"] = [{"lag_p99": 20.0, "ok": True}, {"error": "KafkaTimeoutError"}]
+    *_, lag = scaled.projector_targets(data)
+    assert lag.met is True
+    assert lag.figure == "20.0 ms; 1 of 2 runs failed (KafkaTimeoutError)"
     failed = {"results": {"throughput:1": [{"error": "boom"}], "lag": []}}
     assert [t.met for t in scaled.projector_targets(failed)] == [None, None, None]
 
