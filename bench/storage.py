@@ -1,6 +1,6 @@
 """Where a SqliteRuntime file's bytes go, and what SQLite's page size changes about it.
 
-    .venv/bin/python -m bench.storage [--page-sizes 4096,8192,16384]
+    .venv/bin/python -m bench.storage [--page-sizes 4096,8192,16384] [--json out.json]
 
 For each workload of bench.checkpoints with one session (``single``: 200 passes of
 200/600/400-character messages; ``big``: 100 passes of ~2 KB messages) and each page
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sqlite3
 import sys
 import tempfile
@@ -109,6 +110,7 @@ def _kb(value: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--page-sizes", default="4096,8192,16384")
+    parser.add_argument("--json", type=Path, help="write each row's figures here (bytes)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.page_sizes.split(",") if s]
     print(
@@ -117,15 +119,19 @@ def main() -> None:
         "KB | fixed KB |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for workload in WORKLOADS:
         for size in sizes:
             r = _measure(workload, size)
+            rows.append({"workload": workload, "passes": VARIANTS[workload][1], **r})
             print(
                 f"| {workload} | {r['page']} | {_kb(r['transcript'])} | {_kb(r['disk'])} | "
                 f"{r['disk'] / r['transcript']:.2f}x | {_kb(r['log'])} ({_kb(r['turn_json'])} / "
                 f"{_kb(r['checkpoint_json'])} / {_kb(r['envelope'])}) | {_kb(r['index'])} | "
                 f"{_kb(r['checkpoints'])} | {_kb(r['fixed'])} |"
             )
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

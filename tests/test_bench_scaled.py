@@ -1,0 +1,113 @@
+"""bench/scaled.py: each target's verdict from its bench's JSON, the import's timing and
+probe, and a part's JSON read back (the benches themselves have tests of their own)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import scaled
+
+
+def _turn(**stores: float) -> dict[str, Any]:
+    runs = {s: [{"second_p50": ms, "ok": True}] for s, ms in stores.items()}
+    return {"results": {"scripted": runs}}
+
+
+def test_the_kafka_pass_is_judged_against_postgresqls() -> None:
+    (cheaper,) = scaled.pass_targets(_turn(**{"lf-kafka": 9.0, "lf-pg": 10.0}))
+    assert cheaper.met is True and cheaper.figure.startswith("0.90x (9.00 / 10.00 ms")
+    (dearer,) = scaled.pass_targets(_turn(**{"lf-kafka": 12.0, "lf-pg": 10.0}))
+    assert dearer.verdict == "MISSED"
+    (alone,) = scaled.pass_targets(_turn(**{"lf-pg": 10.0}))
+    assert alone.met is None and "needs lf-kafka" in alone.figure
+    # a run whose results were wrong misses whatever its figure
+    broken = _turn(**{"lf-kafka": 5.0, "lf-pg": 10.0})
+    broken["results"]["scripted"]["lf-kafka"][0]["ok"] = False
+    (wrong,) = scaled.pass_targets(broken)
+    assert wrong.met is False and "not ok" in wrong.figure
+
+
+def test_ours_per_turn_is_judged_against_the_best_peer() -> None:
+    def peers(ours: float, langgraph: float, dbos: float) -> dict[str, Any]:
+        runs = {"ours": ours, "langgraph": langgraph, "dbos": dbos}
+        turn = {s: [{"turn_p50": ms, "ok": True}] for s, ms in runs.items()}
+        return {"results": {"turn": turn}}
+
+    (met,) = scaled.peers_targets(peers(10.0, 40.0, 25.0))
+    assert met.met is True and "0.40x (10.00 ms / dbos's 25.00 ms)" in met.figure
+    (missed,) = scaled.peers_targets(peers(16.0, 31.0, 74.0))
+    assert missed.verdict == "MISSED" and "langgraph's" in missed.figure
+
+
+def test_the_projector_targets_per_worker_ceiling_and_lag() -> None:
+    data: dict[str, Any] = {
+        "results": {
+            "throughput:1": [{"events_per_s": 21_000.0, "ok": True}],
+            "throughput:2": [{"events_per_s": 30_000.0, "ok": True}],
+            "ceiling": [{"events_per_s": 36_000.0}],
+            "lag": [{"lag_p99": 40.0, "ok": True}],
+        }
+    }
+    rate, ceiling, lag = scaled.projector_targets(data)
+    assert rate.met is True and "2 workers: 15,000 per worker" in rate.figure
+    assert ceiling.met is False and ceiling.figure.startswith("0.58x")
+    assert lag.met is False and lag.figure == "40.0 ms"
+    data["results"]["lag"] = [{"lag_p99": 20.0, "ok": True}, {"error": "KafkaTimeoutError"}]
+    *_, lag = scaled.projector_targets(data)
+    assert lag.met is True
+    assert lag.figure == "20.0 ms; 1 of 2 runs failed (KafkaTimeoutError)"
+    failed = {"results": {"throughput:1": [{"error": "boom"}], "lag": []}}
+    assert [t.met for t in scaled.projector_targets(failed)] == [None, None, None]
+
+
+def test_storage_is_judged_on_both_workloads_at_the_default_page() -> None:
+    rows = [
+        {"workload": "single", "page": 4096, "disk": 700, "transcript": 500},
+        {"workload": "single", "page": 8192, "disk": 100, "transcript": 500},
+        {"workload": "big", "page": 4096, "disk": 1400, "transcript": 600},
+    ]
+    single, big = scaled.storage_targets({"rows": rows})
+    assert single.met is True and single.figure.startswith("1.40x")
+    assert big.met is False and big.figure.startswith("2.33x")
+
+
+def test_a_part_that_failed_or_was_left_out_is_not_measured() -> None:
+    found = scaled.targets({"storage": {"error": "exit 1, no JSON written"}})
+    by_name = {t.name: t for t in found}
+    storage = by_name["storage (200 passes) <= 1.5x the transcript"]
+    assert storage.verdict == "not measured" and "exit 1" in storage.figure
+    assert "not run (--only)" in by_name["Kafka pass <= 1.0x PostgreSQL's"].figure
+    table = scaled.targets_table(found)
+    assert table.count("| not measured |") == len(found)
+
+
+def test_the_import_probe_names_the_heavy_modules_loaded() -> None:
+    assert scaled.heavy_modules("import asyncpg") == ["asyncpg"]
+    assert scaled.heavy_modules("pass") == []
+    timed, none = scaled.import_targets(
+        {"import_ms": 180.0, "lean_ms": 200.0, "bare_ms": 20.0, "runs": 5, "heavy": []}
+    )
+    assert timed.verdict == "MISSED" and none.met is True
+
+
+@pytest.mark.slow
+def test_the_import_is_timed_over_a_bare_interpreter() -> None:
+    result = scaled.measure_import(2)
+    assert result["import_ms"] == result["lean_ms"] - result["bare_ms"]
+    assert result["lean_ms"] > 0 and result["bare_ms"] > 0
+    assert set(result["heavy"]) <= set(scaled.HEAVY)
+
+
+def test_a_parts_json_is_read_back_and_a_failure_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write = f"import pathlib; pathlib.Path({str(tmp_path / 'storage.json')!r}).write_text("
+    ok = [sys.executable, "-c", write + "'{\"rows\": []}'); print('| a table |')"]
+    assert scaled.run_part("storage", ok, tmp_path) == {"rows": []}
+    assert "| a table |" in capsys.readouterr().out
+    failing = [sys.executable, "-c", "raise SystemExit(3)"]
+    assert scaled.run_part("pass", failing, tmp_path) == {"error": "exit 3, no JSON written"}
