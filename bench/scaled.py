@@ -20,8 +20,10 @@ medians of this run) and met / MISSED:
   ms at 1,000 events/s.
 - ``storage``: ``bench.storage --page-sizes 4096`` (SQLite's default page, which loomflow
   keeps): a SqliteRuntime session keeping every checkpoint, its files over the final
-  transcript's JSON, on the 200-pass workload (``single``) and on 100 passes of ~2 KB
-  messages (``big``). Target: <= 1.5x on both.
+  transcript's JSON, on 100 passes of ~2 KB messages and on the 200-pass workload, each
+  written through the Agent (``agent-big``, ``agent-single``: what a user's session
+  takes) and through the store API as bench.checkpoints writes it (``big``, ``single``).
+  Target: <= 1.5x on each.
 - ``import``: ``--import-runs`` fresh ``python -c`` processes of ``import loomflow; from
   loomflow import SqliteRuntime; SqliteRuntime(path)`` and as many of ``python -c pass``,
   alternated; the figure is the difference of their median walls. One more process reports
@@ -181,7 +183,12 @@ def projector_targets(data: dict[str, Any] | None, why: str = "not run") -> list
     return out
 
 
-STORAGE_WORKLOADS = {"single": "200 passes", "big": "100 passes of ~2 KB"}
+STORAGE_WORKLOADS = {
+    "agent-big": "Agent, 100 passes of ~2 KB",
+    "agent-single": "Agent, 200 passes",
+    "big": "store, 100 passes of ~2 KB",
+    "single": "store, 200 passes",
+}
 
 
 def storage_targets(data: dict[str, Any] | None, why: str = "not run") -> list[Target]:

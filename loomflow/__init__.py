@@ -4,16 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from loomflow.agent import (
-    Agent,
-    RunContext,
-    SessionState,
-    TextDelta,
-    Tool,
-    Tuning,
-    get_run_context,
-    wait_for_signal,
-)
 from loomflow.errors import (
     CheckpointNotFoundError,
     InvalidIdError,
@@ -28,7 +18,6 @@ from loomflow.errors import (
     SignalRefusedError,
     SignalTimeoutError,
 )
-from loomflow.models.base import Effort
 from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
 from loomflow.schemas import (
     Checkpoint,
@@ -42,6 +31,17 @@ from loomflow.schemas import (
 )
 
 if TYPE_CHECKING:
+    from loomflow.agent import (
+        Agent,
+        RunContext,
+        SessionState,
+        TextDelta,
+        Tool,
+        Tuning,
+        get_run_context,
+        wait_for_signal,
+    )
+    from loomflow.models.base import Effort
     from loomflow.runtime.kafka import KafkaRuntime
     from loomflow.runtime.postgres import PostgresRuntime
 
@@ -87,12 +87,34 @@ __all__ = [
 ]
 
 
+#: names of the agent's layer, loaded when first used: the agent loop, its tools' schema
+#: generation and the model adapters are a third of ``import loomflow``, which a process
+#: that opens a runtime (a reader, a worker's store, the console) does not need
+_AGENT = {
+    "Agent": "loomflow.agent",
+    "RunContext": "loomflow.agent",
+    "SessionState": "loomflow.agent",
+    "TextDelta": "loomflow.agent",
+    "Tool": "loomflow.agent",
+    "Tuning": "loomflow.agent",
+    "get_run_context": "loomflow.agent",
+    "wait_for_signal": "loomflow.agent",
+    "Effort": "loomflow.models.base",
+}
+
+
 def __getattr__(name: str) -> Any:
-    """``KafkaRuntime`` and ``PostgresRuntime`` load on first use (see loomflow.runtime),
-    and ``__version__`` is read from the distribution's metadata then."""
+    """The agent's names (above), ``KafkaRuntime`` and ``PostgresRuntime`` load on first
+    use (see loomflow.runtime), and ``__version__`` is read from the distribution's
+    metadata then."""
     if name == "__version__":
         globals()["__version__"] = version = _version()  # read once
         return version
+    if name in _AGENT:
+        import importlib
+
+        globals()[name] = value = getattr(importlib.import_module(_AGENT[name]), name)
+        return value
     from loomflow.runtime import _LAZY, load_lazily
 
     return load_lazily(__name__, name, _LAZY)

@@ -69,16 +69,19 @@ def test_storage_is_judged_on_both_workloads_at_the_default_page() -> None:
         {"workload": "single", "page": 4096, "disk": 700, "transcript": 500},
         {"workload": "single", "page": 8192, "disk": 100, "transcript": 500},
         {"workload": "big", "page": 4096, "disk": 1400, "transcript": 600},
+        {"workload": "agent-big", "page": 4096, "disk": 500, "transcript": 600},
     ]
-    single, big = scaled.storage_targets({"rows": rows})
+    agent_big, agent_single, big, single = scaled.storage_targets({"rows": rows})
     assert single.met is True and single.figure.startswith("1.40x")
     assert big.met is False and big.figure.startswith("2.33x")
+    assert agent_big.met is True and agent_big.figure.startswith("0.83x")
+    assert agent_single.met is None  # no row of it: not measured
 
 
 def test_a_part_that_failed_or_was_left_out_is_not_measured() -> None:
     found = scaled.targets({"storage": {"error": "exit 1, no JSON written"}})
     by_name = {t.name: t for t in found}
-    storage = by_name["storage (200 passes) <= 1.5x the transcript"]
+    storage = by_name["storage (store, 200 passes) <= 1.5x the transcript"]
     assert storage.verdict == "not measured" and "exit 1" in storage.figure
     assert "not run (--only)" in by_name["Kafka pass <= 1.0x PostgreSQL's"].figure
     table = scaled.targets_table(found)

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import tomllib
 import urllib.request
@@ -95,6 +96,30 @@ def test_the_embedded_install_imports_no_driver_and_no_sdk(core_python: Path) ->
     assert str(ROOT) not in done.stdout  # the installed package, not this checkout
     modules = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if "|" in line}
     loaded = sorted(m for m in modules if m.split(".")[0] in HEAVY)
+    assert loaded == [], loaded
+
+
+def test_a_runtime_alone_loads_neither_the_agent_nor_a_driver(tmp_path: Path) -> None:
+    """``import loomflow`` and a SqliteRuntime (a reader's, a worker's store, the console)
+    load the agent's layer only when one of its names is used."""
+    code = (
+        "import sys, loomflow\n"
+        "from loomflow.runtime import SqliteRuntime\n"
+        "SqliteRuntime('journal.db')\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+        "from loomflow import Agent, Effort\n"
+        "import loomflow.agent, loomflow.models.base\n"
+        "assert Agent is loomflow.agent.Agent and Effort is loomflow.models.base.Effort\n"
+        "assert loomflow.Tuning is loomflow.agent.Tuning\n"
+    )
+    done = _run(Path(sys.executable), "-c", code, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    modules = done.stdout.split()
+    ours = sorted(m for m in modules if m.startswith(("loomflow.agent", "loomflow.models")))
+    assert ours == [], ours
+    # the runtime reads its LOOMFLOW_* settings (pydantic_settings); no driver, no SDK
+    heavy = set(HEAVY) - {"pydantic_settings"}
+    loaded = sorted(m for m in modules if m.split(".")[0] in heavy)
     assert loaded == [], loaded
 
 

@@ -253,7 +253,8 @@ async def test_a_worker_finishes_the_run_with_its_recorded_options(
         if "not valid City JSON" in m.content
     ]
     assert len(asked_again) == 1
-    assert isinstance(events[-1], RunFinished) and events[-1].payload.output == ANSWER
+    said = [m for e in events if isinstance(e, TurnAppended) for m in e.payload.messages]
+    assert isinstance(events[-1], RunFinished) and events[-1].payload.answer(said) == ANSWER
 
 
 @pytest.mark.parametrize("kafka", BACKENDS)

@@ -252,7 +252,8 @@ class Run:
             await self.writer.emit(
                 RunFinished,
                 RunFinishedPayload(
-                    output=output,
+                    # the answer is the last assistant message, which the log holds already
+                    output=None if self._answered() else output,
                     turns=self.turns,
                     usage=self.usage,
                     stop_reason=self.stop_reason,
@@ -633,6 +634,9 @@ class Run:
             if message.role is Role.ASSISTANT:
                 return message.content
         return ""
+
+    def _answered(self) -> bool:
+        return any(message.role is Role.ASSISTANT for message in self.messages)
 
     def _result(self, output: str, *, waiting_for: str | None = None) -> RunResult:
         parent = self.session

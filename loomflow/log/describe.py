@@ -69,7 +69,8 @@ def describe(event: Event) -> str:
             turns = "1 turn" if p.turns == 1 else f"{p.turns} turns"
             return (
                 f"{p.stop_reason} after {turns}, {p.usage.total_tokens} tokens, "
-                f"${p.usage.cost_usd:.4f}: {_short(p.output)}"
+                f"${p.usage.cost_usd:.4f}: "
+                + (_short(p.output) if p.output is not None else "its answer is the last above")
             )
         case RunFailed(payload=p):
             return ("parked: " if p.parked else "") + f"{p.error_type}: {_short(p.error)}"

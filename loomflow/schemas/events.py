@@ -6,9 +6,12 @@ A checkpoint event carries no messages: the transcript is the concatenation of t
 latest compaction), which is what keeps storage linear in a session's length.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: pydantic would then compile and
+# evaluate every field's annotation from its string when the models are made, at import
+# (~a quarter of the package's own import time, most of the embedded import's share).
 
 import functools
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -16,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.ids import Id, new_id
-from loomflow.schemas.messages import Message, Usage
+from loomflow.schemas.messages import Message, Role, Usage
 
 __all__ = [
     "CLAIM_TYPES",
@@ -160,12 +163,28 @@ class RunStartedPayload(BaseModel):
 
 
 class RunFinishedPayload(BaseModel):
+    """How a run ended. ``output`` is its answer only where the transcript does not hold
+    it: None (absent from the JSON) says the answer is the content of the session's last
+    assistant message before this event, which a reader of the transcript has already
+    (``answer``). Events written before that carry it always, and read the same."""
+
     model_config = _FROZEN
-    output: str
+    output: str | None = _optional()
     turns: int
     usage: Usage
     stop_reason: str = "completed"
     model: str | None = _optional()
+
+    def answer(self, transcript: Sequence[Message]) -> str:
+        """The run's answer: ``output`` when the event carries it, otherwise the content
+        of the last assistant message of ``transcript`` (the session's messages up to
+        this event), "" when it has none."""
+        if self.output is not None:
+            return self.output
+        for message in reversed(transcript):
+            if message.role is Role.ASSISTANT:
+                return message.content
+        return ""
 
 
 class RunFailedPayload(BaseModel):

@@ -1,6 +1,8 @@
 """The transcript: messages, tool calls and token usage."""
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: pydantic would then compile and
+# evaluate every field's annotation from its string when the models are made, at import
+# (~a quarter of the package's own import time, most of the embedded import's share).
 
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -83,11 +85,11 @@ class Message(BaseModel):
     thinking: list[Thinking] = Field(default_factory=list, exclude_if=lambda blocks: not blocks)
 
     @classmethod
-    def system(cls, content: str) -> Message:
+    def system(cls, content: str) -> "Message":
         return cls(role=Role.SYSTEM, content=_text(content))
 
     @classmethod
-    def user(cls, content: str) -> Message:
+    def user(cls, content: str) -> "Message":
         return cls(role=Role.USER, content=_text(content))
 
     @classmethod
@@ -97,7 +99,7 @@ class Message(BaseModel):
         tool_calls: list[ToolCall] | None = None,
         *,
         thinking: list[ThinkingBlock | RedactedThinkingBlock] | None = None,
-    ) -> Message:
+    ) -> "Message":
         return cls(
             role=Role.ASSISTANT,
             content=_text(content),
@@ -106,7 +108,7 @@ class Message(BaseModel):
         )
 
     @classmethod
-    def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> Message:
+    def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> "Message":
         return cls(
             role=Role.TOOL, content=_text(content), tool_call_id=tool_call_id, is_error=is_error
         )
@@ -141,7 +143,7 @@ class Usage(BaseModel):
     output_tokens: int = 0
     cost_usd: float = 0.0
 
-    def __add__(self, other: Usage) -> Usage:
+    def __add__(self, other: "Usage") -> "Usage":
         # Both sides are validated already; summing needs no second validation. This is
         # what model_construct does, without its generic walk over the fields: the fold
         # adds usage for every turn a projector consumes.

@@ -4,6 +4,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from loomflow import Agent, Message, SessionState, Tuning
@@ -191,3 +192,28 @@ async def test_each_run_records_the_name_of_its_agent(tmp_path: Path) -> None:
     await runtime.close()
     with pytest.raises(InvalidIdError, match="agent name"):
         Agent("x", model=ScriptedModel(["a"]), name="has space")
+
+
+async def test_run_finished_leaves_the_answer_to_the_transcript_that_holds_it(
+    tmp_path: Path,
+) -> None:
+    from loomflow.log.describe import describe
+
+    answer = "Oslo it is. " * 200  # ~2 KB, which the log held twice
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    try:
+        agent = Agent("x", model=ScriptedModel([answer]), runtime=runtime)
+        result = await agent.run("Where?", session_id="s")
+        events = await runtime.store.read_events(Scope("s"))
+        state = await runtime.restore(Scope("s"))
+    finally:
+        await runtime.close()
+    assert result.output == answer
+    finish = events[-1]
+    assert isinstance(finish, RunFinished) and finish.payload.output is None
+    assert "output" not in orjson.loads(finish.payload.model_dump_json(exclude_defaults=True))
+    assert state is not None and finish.payload.answer(state.messages) == answer
+    assert describe(finish).endswith(": its answer is the last above")
+    # a run.finished written before keeps its answer, and tail shows it
+    old = finish.model_copy(update={"payload": finish.payload.model_copy(update={"output": "a"})})
+    assert describe(old).endswith(": a")

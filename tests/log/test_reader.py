@@ -138,7 +138,9 @@ async def test_a_log_written_by_the_first_schema_is_migrated_with_its_positions(
     old = await _all(db)
     assert old[0] == ("run.started", "old", 1) and {s for _, s, _ in old[1:]} == {"a"}
     with sqlite3.connect(db) as c:
-        version = c.execute("SELECT value FROM loomflow_meta").fetchone()[0]
+        version = c.execute(
+            "SELECT value FROM loomflow_meta WHERE key = 'schema_version'"
+        ).fetchone()[0]
         autoincrement = c.execute(
             "SELECT seq FROM sqlite_sequence WHERE name = 'loomflow_events'"
         ).fetchone()

@@ -194,7 +194,7 @@ async def test_a_journal_written_before_the_scheme_opens_and_keeps_working(
         for scope in (Scope("s1"), Scope("s2", "alice"), Scope("s3")):
             row = await store.session(scope)
             assert row is not None and row.status == "finished", scope
-    assert _version(db, JOURNAL) == JOURNAL.version == 6
+    assert _version(db, JOURNAL) == JOURNAL.version == 7
 
 
 def _indexes(path: Path) -> set[str]:

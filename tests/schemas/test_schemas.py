@@ -4,6 +4,7 @@ import datetime as dt
 import uuid
 from decimal import Decimal
 
+import orjson
 import pytest
 
 from loomflow.errors import (
@@ -16,6 +17,7 @@ from loomflow.errors import (
 from loomflow.schemas import (
     Message,
     RedactedThinkingBlock,
+    RunFinished,
     ThinkingBlock,
     ToolCall,
     TurnAppended,
@@ -193,3 +195,34 @@ def test_the_scope_of_an_event_is_the_scope_a_caller_makes(monkeypatch: pytest.M
         assert scopes.scope_of(event) == Scope("s1", user)
     assert rows == {Scope("s1"): None, Scope("s1", "alice"): "alice", Scope("s1", "bob"): "bob"}
     assert Scope("s1", "alice") != Scope("s1") and Scope("s1") != ("s1", None)
+
+
+# -- run.finished: the answer once ------------------------------------------------------
+
+_OLD_FINISH = (
+    b'{"event_id":"evt_1","v":1,"user_id":null,"session_id":"s1","run_id":"r1","seq":4,'
+    b'"epoch":1,"at":"2026-12-01T12:00:00Z","type":"run.finished","payload":{"output":'
+    b'"Oslo it is.","turns":1,"usage":{"input_tokens":9},"stop_reason":"completed"}}'
+)
+
+
+def test_a_run_finished_written_with_its_answer_reads_as_it_did() -> None:
+    event = decode_event(_OLD_FINISH)
+    assert isinstance(event, RunFinished)
+    assert event.payload.output == "Oslo it is." and event.payload.turns == 1
+    # the answer it carries is the answer, whatever transcript a reader holds
+    assert event.payload.answer([Message.assistant("something else")]) == "Oslo it is."
+    assert orjson.loads(event.model_dump_json())["payload"]["output"] == "Oslo it is."
+
+
+def test_a_run_finished_without_its_answer_takes_it_from_the_transcript() -> None:
+    event = decode_event(_OLD_FINISH.replace(b'"output":"Oslo it is.",', b""))
+    assert isinstance(event, RunFinished) and event.payload.output is None
+    transcript = [
+        Message.user("Where?"),
+        Message.assistant("Oslo it is."),
+        Message.user("Thanks"),
+    ]
+    assert event.payload.answer(transcript) == "Oslo it is."
+    assert event.payload.answer([Message.user("Where?")]) == ""
+    assert "output" not in orjson.loads(event.model_dump_json())["payload"]

@@ -15,7 +15,13 @@ import orjson
 import pytest
 
 from loomflow.errors import SignatureError, SigningKeyError
-from loomflow.schemas.events import SignalSent, SignalSentPayload
+from loomflow.schemas import Usage
+from loomflow.schemas.events import (
+    RunFinished,
+    RunFinishedPayload,
+    SignalSent,
+    SignalSentPayload,
+)
 from loomflow.schemas.signing import (
     DIGEST_DOMAIN,
     EVENT_DOMAIN,
@@ -423,3 +429,24 @@ def test_signing_loads_cryptography_only_when_a_key_is_used() -> None:
         env={k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")},
     )
     assert done.stdout == "False\n"
+
+
+def test_a_run_finished_signed_with_or_without_its_answer_verifies(
+    signer: Signer, keyring: Keyring
+) -> None:
+    """The answer left out of a new run.finished changes no old event's signed bytes."""
+    for output in ("Oslo it is.", None):
+        event = RunFinished(
+            session_id="s1",
+            run_id="run1",
+            seq=4,
+            epoch=1,
+            at=T0,
+            payload=RunFinishedPayload(output=output, turns=1, usage=Usage(input_tokens=9)),
+        )
+        signed = signer.sign_event(event)
+        decoded = RunFinished.model_validate_json(signed.model_dump_json())
+        assert decoded.payload.output == output
+        assert keyring.event_problem(decoded) is None
+        # the answer is among the signed bytes exactly when the event carries it
+        assert (b'"output"' in signed_bytes(decoded)) is (output is not None)

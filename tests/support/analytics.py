@@ -7,6 +7,7 @@ records, read as plain JSON), not with the aggregation code under test.
 from __future__ import annotations
 
 import sqlite3
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -96,13 +97,15 @@ def expected_sums(events: Iterable[tuple[str, dict[str, Any]]]) -> dict[str, Any
 
 
 def log_events(journal: Path) -> list[tuple[str, dict[str, Any]]]:
-    """Every row of the journal's log that decodes as JSON, as (type, payload)."""
+    """Every row of the journal's log that decodes as JSON, as (type, payload); a large
+    payload is stored as its zlib stream (a BLOB)."""
     out = []
     with sqlite3.connect(journal) as conn:
         for kind, payload in conn.execute("SELECT type, payload FROM loomflow_events"):
             try:
-                out.append((kind, orjson.loads(payload)))
-            except orjson.JSONDecodeError:
+                text = zlib.decompress(payload) if isinstance(payload, bytes) else payload
+                out.append((kind, orjson.loads(text)))
+            except (orjson.JSONDecodeError, zlib.error):
                 continue
     return out
 

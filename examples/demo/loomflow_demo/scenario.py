@@ -54,6 +54,7 @@ from loomflow.schemas import (
     RunResult,
     RunStarted,
     SignalSent,
+    TranscriptCompacted,
     TurnAppended,
     new_id,
 )
@@ -864,6 +865,17 @@ class _Tail:
         self.events.extend(await self.runtime.store.read_events(self.scope, after_seq=after))
         return self.events
 
+    def answer(self, finish: RunFinished) -> str:
+        """The answer of the run ``finish`` ends (the event keeps it only where the
+        transcript does not: RunFinishedPayload.answer)."""
+        said = [
+            message
+            for event in self.events
+            if event.seq < finish.seq and isinstance(event, TurnAppended | TranscriptCompacted)
+            for message in event.payload.messages
+        ]
+        return finish.payload.answer(said)
+
     def turns(self, run_id: str | None = None, before: int | None = None) -> list[int]:
         """The model turns recorded, by the run ``run_id`` or by any, before the seq
         ``before`` or at any seq."""
@@ -1134,7 +1146,7 @@ class _UnattendedScene:
             session_id=tail.scope.session_id,
             status=await tail.status(),
             turns=recorded,
-            output=finish.payload.output,
+            output=tail.answer(finish),
             runs=tuple(runs),
         )
 
@@ -1203,7 +1215,7 @@ class _UnattendedScene:
             for message in event.payload.messages
             if message.role is Role.TOOL
         ]
-        finish = [e.payload.output for e in tail.events if isinstance(e, RunFinished)]
+        finish = [tail.answer(e) for e in tail.events if isinstance(e, RunFinished)]
         return Approved(
             session_id=tail.scope.session_id,
             status=status,

@@ -27,6 +27,7 @@ from loomflow.projections.sqlite.tables import (
     NOTE_COLUMNS,
     SESSION_USAGE_COLUMNS,
     decode_event_row,
+    payload_text,
     ts,
 )
 from loomflow.projections.transcript import decode_transcript
@@ -287,7 +288,16 @@ def read_transcript(
         "ORDER BY seq",
         (stored_user(user_id), session_id, lo, hi, *TRANSCRIPT_TYPES),
     ).fetchall()
-    return decode_transcript(session_id, [(row[0], row[1]) for row in rows])
+    texts = [
+        (
+            seq,
+            p
+            if isinstance(p, str)
+            else payload_text(p, f"log row of session {session_id!r}, seq {seq}"),
+        )
+        for seq, p in rows
+    ]
+    return decode_transcript(session_id, texts)
 
 
 def event_ids_at(conn: sqlite3.Connection, wanted: Sequence[Seq]) -> dict[Seq, str]:

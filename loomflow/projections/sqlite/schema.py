@@ -168,6 +168,13 @@ JOURNAL = Migrations(
         """
     ALTER TABLE loomflow_events ADD COLUMN sig TEXT;
     """,
+        # from here on a large payload is stored as its zlib stream, a BLOB beside the
+        # JSON text of the others (projections/sqlite/tables.py: stored_payload); the
+        # version says so to an older loomflow, which refuses the file instead of reading
+        # those rows as damaged ones
+        """
+    INSERT OR REPLACE INTO loomflow_meta (key, value) VALUES ('payload_codec', 'zlib');
+    """,
     ),
 )
 

@@ -31,6 +31,7 @@ from loomflow.projections.sqlite.tables import (
     CHECKPOINT_COLUMNS,
     SESSION_COLUMNS,
     SESSION_USAGE_COLUMNS,
+    stored_payload,
     ts,
     usage_values,
 )
@@ -154,7 +155,7 @@ INSERT_EVENT = (
 
 
 def insert_event(conn: sqlite3.Connection, event: Event) -> None:
-    payload = event.payload.model_dump_json(exclude_defaults=True)
+    payload = stored_payload(event.payload.model_dump_json(exclude_defaults=True))
     conn.execute(
         INSERT_EVENT,
         (
