@@ -17,6 +17,7 @@ from loomflow.processors.projector import apply_records
 from loomflow.producers import EventProducer, scope_key
 from loomflow.projections import postgres as pg
 from loomflow.runtime.postgres import PostgresStore
+from loomflow.schemas import Usage
 from loomflow.schemas.events import EventBase
 from loomflow.testing import SessionLog
 from tests.support.kafka_env import KafkaEnv, session_events
@@ -141,3 +142,55 @@ async def test_the_applied_offsets_reach_kafka_by_the_time_the_projector_stops()
         assert committed == ends
     finally:
         await env.close()
+
+
+def _sessions(prefix: str, count: int) -> list[list[EventBase]]:
+    """``count`` sessions of a claim, a model turn and a checkpoint each."""
+    out = []
+    for n in range(count):
+        log = SessionLog(f"{prefix}{n:03d}", "ada")
+        usage = Usage(input_tokens=n + 1, output_tokens=2, cost_usd=0.5)
+        out.append([log.claim(), log.turn(f"q{n}", usage=usage), log.checkpoint(retain=3)])
+    return out
+
+
+async def _checkpoints(conn: asyncpg.Connection, schema: str, prefix: str) -> list[tuple[Any, ...]]:
+    rows = await conn.fetch(
+        "SELECT substr(session_id, length($1) + 1), checkpoint_id, seq, base_seq, turn, "
+        f'message_count, usage::text, cursor, created_at FROM "{schema}".checkpoints '
+        "WHERE session_id LIKE $1 || '%' ORDER BY 1",
+        prefix,
+    )
+    return [tuple(r) for r in rows]
+
+
+@pytest.mark.postgres
+async def test_a_batch_of_many_checkpoints_stores_each_as_one_at_a_time_does(schema: str) -> None:
+    """A wave of many new checkpoints is written by COPY, a few by one insert: the rows
+    read back the same, and a checkpoint id a session already has is refused alone."""
+    many = _sessions("many", 70)
+    few = [[e.model_copy(update={"session_id": "few" + e.session_id[4:]}) for e in s] for s in many]
+    more = _sessions("more", 70)
+    # a second checkpoint with an id its session already has, among many new ones
+    dup = many[5][2].model_copy(update={"seq": 4, "event_id": "evt_dup"})
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        batch = [e for s in many for e in s[:2]] + [s[2] for s in many]
+        clean = await apply_records(conn, schema, "g", {TopicPartition("t", 0): _records(batch)})
+        for n, session in enumerate(few):
+            part = {TopicPartition("t", 1): _records(session, first=3 * n)}
+            await apply_records(conn, schema, "g", part)
+        batch = [e for s in more for e in s] + [dup]
+        refused = await apply_records(
+            conn, schema, "g", {TopicPartition("t", 0): _records(batch, first=210)}
+        )
+        stored_many = await _checkpoints(conn, schema, "many")
+        stored_few = await _checkpoints(conn, schema, "few")
+        stored_more = await _checkpoints(conn, schema, "more")
+    finally:
+        await conn.close()
+    assert len(clean.applied) == 210 and not clean.dead
+    assert len(stored_many) == 70 and stored_many == stored_few
+    (letter,) = refused.dead
+    assert letter.event_id == "evt_dup" and "checkpoint id" in letter.reason
+    assert len(refused.applied) == 210 and len(stored_more) == 70
