@@ -440,7 +440,7 @@ class Projector:
         self._lanes: dict[int, _Lane] = {}
         self._lane_failure: BaseException | None = None
         self._drained = asyncio.Event()
-        #: a partition with this many fetches' worth of records queued is paused
+        #: a partition with this many fetches' worth of records queued is not fetched
         self.max_queued_batches = 2
         self.lanes = lanes
 
@@ -607,7 +607,10 @@ class Projector:
         instead of taking turns. One lane (the default) measured best here: at low rates
         it makes the fewest transactions, and under load its batches grow. A session
         lives in one partition, so lanes never touch the same rows. A partition far
-        behind is paused, so memory stays bounded. A failed transaction drops whatever
+        behind is not fetched from, so memory stays bounded (it is left out of the
+        fetch, not paused: aiokafka drops what it buffered of a paused partition, and
+        fetching it again had a worker read 2.3 times the topic's bytes). A failed
+        transaction drops whatever
         was fetched after it and fails the next step, which goes back to the stored
         positions first.
         """
@@ -619,15 +622,23 @@ class Projector:
         if self._resync:  # after a failed batch: back to the stored positions first
             await self._retire(list(consumer.assignment()))
             await self._seek(consumer, list(consumer.assignment()))
-            consumer.resume(*consumer.assignment())
             self._resync = False
         assigned = consumer.assignment()
-        if assigned and consumer.paused() >= assigned:
+        self._drained.clear()
+        wanted = self._wanted(assigned)
+        if assigned and not wanted:
             # every partition waits on its lane: wait for one to catch up instead of polling
-            self._drained.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._drained.wait(), self.poll_ms / 1000)
-        batches = await consumer.getmany(timeout_ms=self.poll_ms, max_records=self.max_records)
+            assigned = consumer.assignment()
+            wanted = self._wanted(assigned)
+            if not wanted:
+                return 0
+        # all of them: the consumer's own (also while the assignment changes)
+        only = wanted if len(wanted) < len(assigned) else ()
+        batches = await consumer.getmany(
+            *only, timeout_ms=self.poll_ms, max_records=self.max_records
+        )
         if self._resync:
             return 0  # fetched past a failed transaction: dropped, fetched again after a seek
         fetched = 0
@@ -635,7 +646,6 @@ class Projector:
             if records:
                 self._lane(tp).submit(tp, records)
                 fetched += len(records)
-        self._throttle(consumer)
         await self._commit_offsets(consumer)
         return fetched
 
@@ -653,6 +663,7 @@ class Projector:
             lane.ready.clear()
             while lane.pending:
                 batches, lane.pending = lane.pending, {}
+                self._drained.set()  # its partitions have room again
                 if self._resync:
                     # a transaction failed: what was fetched after it would leave a gap;
                     # the next step goes back to the stored positions and fetches it again
@@ -673,15 +684,10 @@ class Projector:
             lane.idle.set()
             self._drained.set()
 
-    def _throttle(self, consumer: AIOKafkaConsumer) -> None:
-        paused = consumer.paused()
+    def _wanted(self, assigned: set[TopicPartition]) -> list[TopicPartition]:
+        """The assigned partitions whose lane has room for another fetch's records."""
         limit = self.max_records * self.max_queued_batches
-        for tp in consumer.assignment():
-            queued = self._lane(tp).queued(tp)
-            if queued >= limit and tp not in paused:
-                consumer.pause(tp)
-            elif queued < limit and tp in paused:
-                consumer.resume(tp)
+        return [tp for tp in assigned if self._lane(tp).queued(tp) < limit]
 
     async def _commit_offsets(self, consumer: AIOKafkaConsumer, now: bool = False) -> None:
         """Commit the offsets the lanes applied to Kafka, every ``commit_interval`` seconds

@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from loomflow.processors.projector import apply_records
+from loomflow.processors.projector import Projector, apply_records
 from loomflow.producers import EventProducer, scope_key
 from loomflow.projections import postgres as pg
 from loomflow.runtime.postgres import PostgresStore
@@ -194,3 +194,59 @@ async def test_a_batch_of_many_checkpoints_stores_each_as_one_at_a_time_does(sch
     (letter,) = refused.dead
     assert letter.event_id == "evt_dup" and "checkpoint id" in letter.reason
     assert len(refused.applied) == 210 and len(stored_more) == 70
+
+
+class _GatedProjector(Projector):
+    """A projector whose transactions wait at a gate: a database that does not keep up."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.most_queued = 0
+
+    async def step(self) -> int:
+        fetched = await super().step()
+        queued = sum(len(r) for lane in self._lanes.values() for r in lane.pending.values())
+        self.most_queued = max(self.most_queued, queued)
+        return fetched
+
+    async def _apply(self, batches: Any) -> None:
+        await self.gate.wait()
+        await super()._apply(batches)
+
+
+@pytest.mark.kafka
+async def test_a_partition_its_lane_cannot_take_is_not_fetched_and_nothing_is_lost() -> None:
+    env = await KafkaEnv.create(partitions=1)
+    projector = _GatedProjector(env.settings, max_records=5, poll_ms=20)
+    projector.max_queued_batches = 2
+    events = session_events("s1", 30)  # 91 events
+    stop = asyncio.Event()
+    try:
+        await projector.start()
+        producer = EventProducer(env.bootstrap, env.topics)
+        try:
+            await producer.send(events)
+        finally:
+            await producer.stop()
+
+        async def queue_full() -> bool:
+            await projector.step()
+            return projector.most_queued >= 10
+
+        # the first batch waits at the gate; the lane queues up to its limit behind it
+        await eventually(queue_full, what="the lane's queue to fill")
+        for _ in range(20):  # rounds that find no room fetch nothing
+            assert await asyncio.wait_for(projector.step(), 5) == 0
+        assert projector.most_queued < 10 + 5
+        projector.gate.set()
+        task = asyncio.create_task(projector.run(stop))
+        await eventually(env.caught_up, what="the projector to apply every event")
+        stop.set()
+        await task
+        assert projector.applied == len(events) and projector.dead_lettered == 0
+    finally:
+        stop.set()
+        projector.gate.set()
+        await projector.stop()
+        await env.close()
