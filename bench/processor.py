@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.processor [--events 100000] [--workers 1,2] [--reps 3]
                                         [--lag-rate 1000] [--lag-seconds 20]
-                                        [--cases throughput,lag] [--json out.json]
+                                        [--cases throughput,ceiling,lag,single] [--json out.json]
                                         [--profile DIR] [--signatures off,require]
 
 Needs LOOMFLOW_KAFKA_BOOTSTRAP and LOOMFLOW_POSTGRES_DSN (``dev/services.sh start``).
@@ -22,15 +22,17 @@ signatures (``--signatures off,require``: each throughput case once per mode): w
 LOOMFLOW_KEYRING and LOOMFLOW_SIGNATURES=require in their environment, as a deployment
 that signs gives its processors: each worker checks every event's signature. With
 ``off`` (the default) the workers' environment has no signing setting at all.
-``require-pool2`` is an experiment, not loomflow's code: ``require`` with the worker's
-``apply_records`` wrapped (``pool_verification``) so that a batch's records are decoded
-first and their signatures checked over a pool of 2 threads (the same
-``Keyring.event_problem`` per event, the same refusals), to see what spreading the check
-would gain where Ed25519 verification runs outside the GIL.
+``require-threads<N>``: ``require`` with LOOMFLOW_SIGNATURE_THREADS=N in the workers'
+environment (the threads that check a batch's signatures beside the loop's; ``require``
+alone takes the setting's default).
 
 lag: one worker runs; events are produced one append at a time at a steady rate, and
 each event's lag is the time from its produce acknowledgement (acks=all) to the NOTIFY
 of the position committed past it.
+
+single: one worker runs; one event is produced at a time, and the next only once the
+NOTIFY of the position past it was heard (as a runtime waits for its claim on an idle
+projector): latency from the send and from the ack to that NOTIFY.
 
 Every measurement runs in a fresh coordinator process (which starts fresh workers) on
 its own topics and schema, both deleted at the end; this parent schedules them and prints
@@ -46,12 +48,13 @@ import cProfile
 import json
 import os
 import platform
+import re
 import secrets
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -77,9 +80,10 @@ SIGNING_VARS = (
     "LOOMFLOW_SIGNING_KEY",
     "LOOMFLOW_KEYRING",
     "LOOMFLOW_SIGNATURES",
+    "LOOMFLOW_SIGNATURE_THREADS",
 )
-#: ``require-pool<N>``: ``require``, checked over N threads (``pool_verification``)
-SIGNATURE_MODES = ("off", "require", "require-pool2")
+#: ``require-threads<N>``: ``require`` with LOOMFLOW_SIGNATURE_THREADS=N
+SIGNATURE_MODES = re.compile(r"off|require(-threads\d+)?")
 
 
 def _log(text: str) -> None:
@@ -236,14 +240,10 @@ class Env:
             await conn.close()
         return out
 
-    def worker_argv(
-        self, expect: int, profile: Path | None, index: int, verify_threads: int = 0
-    ) -> list[str]:
+    def worker_argv(self, expect: int, profile: Path | None, index: int) -> list[str]:
         argv = [sys.executable, "-m", "bench.processor", "--role", "worker"]
         if not self.snapshots:
             argv.append("--no-snapshots")
-        if verify_threads:
-            argv += ["--verify-threads", str(verify_threads)]
         argv += ["--tag", self.tag]
         argv += ["--expect", str(expect)]
         if profile is not None:
@@ -326,20 +326,17 @@ class Workers:
         count: int,
         profile: Path | None,
         signing: dict[str, str] | None = None,
-        verify_threads: int = 0,
     ) -> None:
         self.env, self.count, self.profile = env, count, profile
         #: the signing settings of the workers' environment (none: they check nothing)
         self.signing = signing or {}
-        #: > 0: the workers check signatures over a pool (``pool_verification``)
-        self.verify_threads = verify_threads
         self.procs: list[asyncio.subprocess.Process] = []
 
     async def start(self) -> list[list[int]]:
         """Start them and return each one's partitions once all are assigned."""
         expect = PARTITIONS // self.count
         for i in range(self.count):
-            argv = self.env.worker_argv(expect, self.profile, i, self.verify_threads)
+            argv = self.env.worker_argv(expect, self.profile, i)
             environment = {k: v for k, v in os.environ.items() if k not in SIGNING_VARS}
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -553,17 +550,18 @@ async def throughput(
 
     # the keys before the topics: nothing is left on the servers if they cannot be made
     signed = signatures.startswith("require")
-    pooled = signatures.startswith("require-pool")
-    threads = int(signatures.removeprefix("require-pool")) if pooled else 0
+    threads = signatures.removeprefix("require-threads") if "-threads" in signatures else None
     keys = tempfile.TemporaryDirectory(prefix="lf-bench-proc-keys-")
     try:
         signer, signing = signing_keys(Path(keys.name)) if signed else (None, {})
+        if threads is not None:
+            signing["LOOMFLOW_SIGNATURE_THREADS"] = threads
     except BaseException:
         keys.cleanup()
         raise
     env = Env(snapshots)
     await env.create()
-    crew = Workers(env, workers, profile, signing, threads)
+    crew = Workers(env, workers, profile, signing)
     watch = PositionWatch(env)
     sign_s = 0.0
     try:
@@ -742,100 +740,81 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
     }
 
 
+async def single(count: int, profile: Path | None, snapshots: bool) -> dict[str, Any]:
+    """One event at a time, as a runtime's claim meets an idle projector: send one event,
+    wait for the NOTIFY of the position committed past it (as a runtime waits for its
+    claim), then send the next. Each event's latency is from its send, and from its ack,
+    to that NOTIFY."""
+    from loomflow.producers import EventProducer
+
+    env = Env(snapshots)
+    await env.create()
+    crew = Workers(env, 1, profile)
+    watch = PositionWatch(env)
+    producer = EventProducer(env.bootstrap, env.topics)
+    try:
+        warmup, _ = event_stream(100, active=10)
+        events, sessions = event_stream(count, active=20, first=10)
+        await crew.start()
+        await watch.start()
+        await crew.tell("go")
+        await producer.start()
+        ends: dict[int, int] = {}
+        for position in await producer.send(warmup):
+            ends[position.partition] = max(ends.get(position.partition, 0), position.offset + 1)
+        watch.expect(ends)
+        await asyncio.wait_for(watch.reached.wait(), 60)
+
+        timed: list[tuple[float, float, float]] = []  # send, ack, committed
+        cpu0 = cpu_seconds_by_command()
+        started = time.perf_counter()
+        for event in events:
+            t_send = time.perf_counter()
+            (position,) = await producer.send([event])
+            t_ack = time.perf_counter()
+            ends[position.partition] = position.offset + 1
+            watch.expect(ends)
+            await asyncio.wait_for(watch.reached.wait(), 30)
+            committed = watch.committed_at(position.partition, position.offset)
+            assert committed is not None, "waited for it above"
+            timed.append((t_send, t_ack, committed))
+        elapsed = time.perf_counter() - started
+        cpu1 = cpu_seconds_by_command()
+        reports = await crew.stop()
+        counts = await env.counts()
+    finally:
+        crew.kill()
+        await producer.stop()
+        await watch.close()
+        await env.drop()
+
+    from_send = [(c - s) * 1e3 for s, _, c in timed]
+    from_ack = [(c - a) * 1e3 for _, a, c in timed]
+    acks = [(a - s) * 1e3 for s, a, _ in timed]
+    expected = count + len(warmup)
+    problems = []
+    if counts["events"] != expected or counts["dead_letters"]:
+        problems.append(f"read model holds {counts}, expected {expected} events, no dead letters")
+    return {
+        "events": count,
+        "sessions": sessions,
+        "send_p50": percentile(from_send, 50),
+        "send_p90": percentile(from_send, 90),
+        "send_p99": percentile(from_send, 99),
+        "ack_p50": percentile(acks, 50),
+        "from_ack_p50": percentile(from_ack, 50),
+        "from_ack_p90": percentile(from_ack, 90),
+        "from_ack_p99": percentile(from_ack, 99),
+        "worker_cpu_ms": reports[0]["cpu_s"] / count * 1e3,
+        "pg_cpu_ms": (cpu1["postgres"] - cpu0["postgres"]) / count * 1e3,
+        "seconds": elapsed,
+        "ok": not problems,
+        "problems": problems,
+        "loadavg_1m": os.getloadavg()[0],
+    }
+
+
 # -- worker -----------------------------------------------------------------------------------
-
-
-def pool_verification(threads: int) -> Callable[[], None]:
-    """An experiment, not loomflow's code: the projector checks a batch's signatures over
-    a pool of ``threads`` threads, in this process until the function returned is called.
-
-    ``apply_records`` is wrapped: it decodes the batch's records first (``decode_record``,
-    once each), checks the decoded events' signatures over the pool (``Keyring.
-    event_problem``, the check ``Signatures.check`` makes), then runs as it is, its
-    decodes taken from that pass and each event's verdict from the pool's (a failure in
-    ``require`` mode still refuses the event, in ``check`` mode is still counted)."""
-    from concurrent.futures import ThreadPoolExecutor
-    from dataclasses import dataclass, field
-
-    from loomflow.errors import InvalidEventError, SignatureError
-    from loomflow.log.records import decode_record as decode
-    from loomflow.processors import projector as module
-    from loomflow.schemas.events import EventBase
-    from loomflow.schemas.signing import NO_SIGNATURES, Keyring, Signatures
-
-    apply = module.apply_records
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="verify")
-    #: id(record) -> its decode (or why it does not decode), while its batch is applied
-    decoded: dict[int, Any] = {}
-
-    @dataclass(frozen=True)
-    class Verdicts(Signatures):
-        """The rule of ``Signatures.check``, on the verdicts the pool found (id(event) ->
-        its problem); an event the pool did not see is checked here."""
-
-        verdicts: dict[int, str | None] = field(default_factory=dict)
-
-        def check(self, event: EventBase) -> str | None:
-            if self.keyring is None or self.mode == "off":
-                return None
-            key = id(event)
-            problem = (
-                self.verdicts[key] if key in self.verdicts else self.keyring.event_problem(event)
-            )
-            if problem is not None and self.mode == "require":
-                raise SignatureError(problem)
-            return problem
-
-    def problems(keyring: Keyring, events: list[Any]) -> list[tuple[int, str | None]]:
-        return [(id(e), keyring.event_problem(e)) for e in events]
-
-    def cached(record: Any) -> Any:
-        got = decoded.get(id(record))
-        if got is None:
-            return decode(record)
-        if isinstance(got, InvalidEventError):
-            raise got
-        return got
-
-    async def pooled(
-        conn: Any,
-        schema: str,
-        consumer: str,
-        batches: Any,
-        signatures: Signatures = NO_SIGNATURES,
-    ) -> Any:
-        keyring = signatures.keyring
-        if signatures.mode == "off" or keyring is None:
-            return await apply(conn, schema, consumer, batches, signatures)
-        ids, events = [], []
-        for records in batches.values():
-            for record in records:
-                ids.append(id(record))
-                try:
-                    got = decode(record)
-                except InvalidEventError as exc:
-                    decoded[id(record)] = exc
-                    continue
-                decoded[id(record)] = got
-                events.append(got[0])
-        parts = [events[i::threads] for i in range(threads)]
-        found = pool.map(lambda part: problems(keyring, part), parts)
-        verdicts = dict(pair for part in found for pair in part)
-        try:
-            checked = Verdicts(signatures.mode, keyring, verdicts)
-            return await apply(conn, schema, consumer, batches, checked)
-        finally:
-            for key in ids:
-                decoded.pop(key, None)
-
-    def undo() -> None:
-        vars(module)["decode_record"] = decode
-        module.apply_records = apply
-        pool.shutdown()
-
-    vars(module)["decode_record"] = cached  # the name apply_records calls
-    module.apply_records = pooled
-    return undo
 
 
 async def worker(args: argparse.Namespace) -> None:
@@ -858,8 +837,6 @@ async def worker(args: argparse.Namespace) -> None:
             await super()._seek(consumer, assigned)
             self.sought = frozenset(tp.partition for tp in assigned)
 
-    if args.verify_threads:
-        pool_verification(args.verify_threads)
     projector = SeekAware(Env(tag=args.tag).settings, publish_snapshots=not args.no_snapshots)
     await projector.start()
     tune_gc()  # as `loomflow processor` does once its projector has started
@@ -959,6 +936,17 @@ THROUGHPUT_COLUMNS = (
     ("Kafka CPU µs/event", "kafka_cpu_us", 1),
     ("worker CPU busy", "worker_cpu_share", 2),
 )
+SINGLE_COLUMNS = (
+    ("send→commit p50 ms", "send_p50", 2),
+    ("p90 ms", "send_p90", 2),
+    ("p99 ms", "send_p99", 2),
+    ("ack p50 ms", "ack_p50", 2),
+    ("ack→commit p50 ms", "from_ack_p50", 2),
+    ("p90 ms", "from_ack_p90", 2),
+    ("p99 ms", "from_ack_p99", 2),
+    ("worker CPU ms/event", "worker_cpu_ms", 2),
+    ("PostgreSQL CPU ms/event", "pg_cpu_ms", 2),
+)
 LAG_COLUMNS = (
     ("produced/s", "produced_per_s", 0),
     ("lag p50 ms", "lag_p50", 1),
@@ -1037,6 +1025,21 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
                 out.append(f"\n{negative} event(s) were committed before their ack arrived")
         else:
             out += _table(header, [["0", f"could not run: {errors[0] if errors else 'not run'}"]])
+    if "single" in results:
+        fine = [r for r in results["single"] if "error" not in r]
+        errors = sorted({r["error"] for r in results["single"] if "error" in r})
+        out += [
+            "",
+            f"## single: one worker, {args.single_events:,} events one at a time, each sent "
+            "once the position past the one before was NOTIFYed",
+            "",
+        ]
+        header = ["n", *(c[0] for c in SINGLE_COLUMNS), "ok"]
+        if fine:
+            cells = [_spread(fine, k, d) for _, k, d in SINGLE_COLUMNS]
+            out += _table(header, [[str(len(fine)), *cells, _ok(fine, errors)]])
+        else:
+            out += _table(header, [["0", f"could not run: {errors[0] if errors else 'not run'}"]])
     out += targets(results)
     problems = {p for runs in results.values() for r in runs for p in r.get("problems", [])}
     for problem in sorted(problems)[:5]:
@@ -1073,21 +1076,23 @@ def main() -> None:
     parser.add_argument(
         "--role",
         default="parent",
-        choices=("parent", "throughput", "ceiling", "lag", "worker"),
+        choices=("parent", "throughput", "ceiling", "lag", "single", "worker"),
     )
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--workers", default="1,2", help="throughput cases, comma-separated")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--lag-rate", type=float, default=1000.0)
     parser.add_argument("--lag-seconds", type=float, default=20.0)
-    parser.add_argument("--cases", default="throughput,ceiling,lag")
+    parser.add_argument("--single-events", type=int, default=500)
+    parser.add_argument("--cases", default="throughput,ceiling,lag,single")
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
     parser.add_argument("--profile", type=Path, help="cProfile each worker into this directory")
     parser.add_argument(
         "--signatures",
         default="off",
         help="throughput cases: comma-separated of off, require (the events signed and "
-        "every signature checked by the workers)",
+        "every signature checked by the workers), require-threads<N> (require with "
+        "LOOMFLOW_SIGNATURE_THREADS=N)",
     )
     parser.add_argument(
         "--no-snapshots",
@@ -1098,7 +1103,6 @@ def main() -> None:
     # worker
     parser.add_argument("--tag", help="names the topics, schema and group of one measurement")
     parser.add_argument("--expect", type=int)
-    parser.add_argument("--verify-threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     _env("LOOMFLOW_KAFKA_BOOTSTRAP")
     _env("LOOMFLOW_POSTGRES_DSN")
@@ -1108,7 +1112,7 @@ def main() -> None:
     if args.role == "worker":
         asyncio.run(worker(args))
         return
-    if args.role in ("throughput", "ceiling", "lag"):
+    if args.role in ("throughput", "ceiling", "lag", "single"):
         snapshots = not args.no_snapshots
         try:
             if args.role == "throughput":
@@ -1117,6 +1121,8 @@ def main() -> None:
                 )
             elif args.role == "ceiling":
                 job = ceiling(args.events)
+            elif args.role == "single":
+                job = single(args.single_events, args.profile, snapshots)
             else:
                 job = lag(args.lag_rate, args.lag_seconds, args.profile, snapshots)
             result = asyncio.run(job)
@@ -1133,8 +1139,8 @@ def main() -> None:
     common = ["--profile", str(args.profile)] if args.profile else []
     common += ["--no-snapshots"] if args.no_snapshots else []
     modes = [m for m in args.signatures.split(",") if m]
-    if any(m not in SIGNATURE_MODES for m in modes):
-        parser.error(f"--signatures: each of {', '.join(SIGNATURE_MODES)}, not {modes}")
+    if any(not SIGNATURE_MODES.fullmatch(m) for m in modes):
+        parser.error(f"--signatures: each of off, require, require-threads<N>, not {modes}")
     if "throughput" in wanted:
         for w in args.workers.split(","):
             for mode in modes:  # the modes of one worker count side by side
@@ -1148,6 +1154,9 @@ def main() -> None:
         argv = ["--role", "lag", "--lag-rate", str(args.lag_rate)]
         argv += ["--lag-seconds", str(args.lag_seconds)]
         cases.append(("lag", argv + common))
+    if "single" in wanted:
+        argv = ["--role", "single", "--single-events", str(args.single_events)]
+        cases.append(("single", argv + common))
     results: dict[str, list[dict[str, Any]]] = {key: [] for key, _ in cases}
     started = time.perf_counter()
     for rep in range(1, args.reps + 1):
@@ -1158,6 +1167,11 @@ def main() -> None:
                 status = run["error"]
             elif key == "lag":
                 status = f"lag p50 {run['lag_p50']:.1f} ms, p99 {run['lag_p99']:.1f} ms"
+            elif key == "single":
+                status = (
+                    f"send→commit p50 {run['send_p50']:.2f} ms, "
+                    f"ack→commit p50 {run['from_ack_p50']:.2f} ms"
+                )
             elif key == "ceiling":
                 status = f"{run['events_per_s']:,.0f} events/s (raw consume + COPY)"
             else:

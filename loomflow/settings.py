@@ -111,6 +111,10 @@ class Settings(BaseSettings):
                                               mis-signed event, accept it) or ``require``
                                               (refuse it, to the dead letters); default
                                               ``require`` with a key or keyring, else ``off``
+    ``LOOMFLOW_SIGNATURE_THREADS``            threads a projector checks a batch's
+                                              signatures on beside its own (Ed25519
+                                              verification releases the GIL); default 1,
+                                              0 for none
     ``LOOMFLOW_AUDIT_DIGESTS``                where ``loomflow audit`` writes its signed
                                               digests: a directory, ``kafka:<topic>`` or
                                               ``-`` (standard output); unset, none
@@ -160,6 +164,7 @@ class Settings(BaseSettings):
     signing_key: SecretStr | None = None
     keyring: Path | None = None
     signatures: SignatureMode | None = None
+    signature_threads: int = Field(default=1, ge=0, le=64)
     audit_digests: str | None = None
     audit_digest_events: int = Field(default=10_000, ge=1)
     audit_digest_seconds: float = Field(default=3600.0, gt=0)

@@ -90,8 +90,7 @@ async def rebuild(
                 records = [r for r in fetched.get(tp, []) if r.offset < ends[tp]]
                 if not records:
                     continue
-                async with conn.transaction():
-                    outcome = await apply_records(conn, schema, consumer, {tp: records}, signatures)
+                outcome = await apply_records(conn, schema, consumer, {tp: records}, signatures)
                 done += len(records)
                 applied += len(outcome.applied)
                 dead += len(outcome.dead)

@@ -139,12 +139,16 @@ def _in_utc(moment: dt.datetime | None, what: str) -> None:
     OverflowError)."""
     if moment is None:
         return
-    if moment.utcoffset() is None:
+    offset = moment.utcoffset()
+    if offset is None:
         raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} has no time zone")
-    try:
-        inside = _EARLIEST < moment.astimezone(dt.UTC) < _LATEST
-    except OverflowError:
-        inside = False
+    if not offset:  # in UTC already, as writers date events: nothing to convert
+        inside = _EARLIEST < moment < _LATEST
+    else:
+        try:
+            inside = _EARLIEST < moment.astimezone(dt.UTC) < _LATEST
+        except OverflowError:
+            inside = False
     if not inside:
         raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} is out of range")
 

@@ -7,26 +7,30 @@ unprojected tail, so a resume goes on from the genuine session."""
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import asyncpg
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pydantic import SecretStr
 
 from loomflow import Agent, Message, Tuning
 from loomflow.models import ScriptedModel
+from loomflow.processors.projector import CheckPool, apply_records
 from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import PostgresStore, Scope
 from loomflow.schemas import Event, TurnAppended
-from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas.events import EventBase, TurnAppendedPayload
 from loomflow.schemas.sessions import SessionRecord
-from loomflow.schemas.signing import Keyring, Signer
+from loomflow.schemas.signing import Keyring, Signatures, Signer
 from loomflow.testing import SessionLog
 from tests.support.kafka_env import KafkaEnv, start_processor
+from tests.support.services import postgres_dsn
 from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.kafka, pytest.mark.postgres]
@@ -210,3 +214,56 @@ async def test_a_resume_never_folds_a_forged_tail_event_nor_shows_it_to_the_mode
         # the forgery alone was refused: the claim took the seq the genuine session gave it
         ((reason, error_type, _),) = await _dead_letters(env)
         assert error_type == "SignatureError" and "is not signed" in reason
+
+
+def _records(events: Sequence[EventBase]) -> list[Any]:
+    """Records of one partition as the consumer hands them to the projector."""
+    return [
+        SimpleNamespace(
+            topic="t",
+            partition=0,
+            offset=n,
+            key=scope_key(e.user_id, e.session_id),
+            value=e.model_dump_json().encode(),
+            headers=[],
+            timestamp=0,
+        )
+        for n, e in enumerate(events)
+    ]
+
+
+async def _applied(records: list[Any], pool: CheckPool | None) -> tuple[int, list[str]]:
+    """The events ``apply_records`` applies (signatures required) and the dead letters'
+    reasons, in a schema of its own."""
+    dsn = postgres_dsn()
+    schema = f"lf_test_sigpool_{secrets.token_hex(4)}"
+    await PostgresStore(dsn, schema=schema).open()  # made and migrated
+    conn = await asyncpg.connect(dsn)
+    try:
+        rule = Signatures("require", Keyring.of(WRITER.trusted()))
+        outcome = await apply_records(
+            conn, schema, "g", {TopicPartition("t", 0): records}, rule, pool
+        )
+        return len(outcome.applied), [letter.reason for letter in outcome.dead]
+    finally:
+        await conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+        await conn.close()
+        if pool is not None:
+            pool.close()
+
+
+async def test_signatures_checked_over_threads_refuse_what_one_thread_refuses() -> None:
+    log = SessionLog("s1", "ada")
+    events = [WRITER.sign_event(e) for e in [log.claim(), *(log.turn(f"t{n}") for n in range(11))]]
+    # changed after it was signed, in the share of the batch another thread checks
+    forged = events[9].model_copy(
+        update={"payload": TurnAppendedPayload(messages=[Message.user(FORGED)])}
+    )
+    events[9] = forged
+    alone = await _applied(_records(events), None)
+    pooled = await _applied(_records(events), CheckPool.of(2))
+    # the forgery refused for its signature, the rest of its session for the gap it left
+    applied, reasons = alone
+    assert applied == 9 and "does not match its signature" in reasons[0]
+    assert f"seq {forged.seq}" in reasons[0]
+    assert pooled == alone

@@ -1,0 +1,252 @@
+"""What one batch of the projector costs and tells: the statements of a lone claim, the
+notifications runtimes wait on, and the offsets it leaves in Kafka."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from loomflow.processors.projector import Projector, apply_records
+from loomflow.producers import EventProducer, scope_key
+from loomflow.projections import postgres as pg
+from loomflow.runtime.postgres import PostgresStore
+from loomflow.schemas import Usage
+from loomflow.schemas.events import EventBase
+from loomflow.testing import SessionLog
+from tests.support.kafka_env import KafkaEnv, session_events
+from tests.support.services import postgres_dsn
+from tests.support.waiting import eventually
+
+
+def _records(events: Sequence[EventBase], first: int = 0) -> list[Any]:
+    return [
+        SimpleNamespace(
+            topic="t",
+            partition=0,
+            offset=first + n,
+            key=scope_key(e.user_id, e.session_id),
+            value=e.model_dump_json().encode(),
+            headers=[],
+            timestamp=0,
+        )
+        for n, e in enumerate(events)
+    ]
+
+
+@pytest.fixture
+async def schema() -> AsyncIterator[str]:
+    name = f"lf_test_batch_{secrets.token_hex(4)}"
+    await PostgresStore(postgres_dsn(), schema=name).open()  # made and migrated
+    yield name
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        await conn.execute(f'DROP SCHEMA "{name}" CASCADE')
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_a_lone_claim_is_applied_without_savepoints_and_heard_with_its_position(
+    schema: str,
+) -> None:
+    """A runtime's claim waits for this batch: its statements are the round trips it pays."""
+    warm, claim = SessionLog("s0", "ada").claim(), SessionLog("s1", "ada").claim()
+    heard: list[tuple[str, str]] = []
+    both = asyncio.Event()
+
+    def listen(_conn: Any, _pid: int, channel: str, payload: str) -> None:
+        heard.append((channel, payload))
+        if len(heard) == 2:
+            both.set()
+
+    listener = await asyncpg.connect(postgres_dsn())
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        # a first batch: asyncpg's look-up of the types is its own, once a connection
+        await apply_records(conn, schema, "g", {TopicPartition("t", 0): _records([warm])})
+        for channel in (pg.sessions_channel(schema), pg.positions_channel(schema)):
+            await listener.add_listener(channel, listen)
+        statements: list[str] = []
+        conn.add_query_logger(lambda record: statements.append(record.query))
+        batch = {TopicPartition("t", 0): _records([claim], first=41)}
+        outcome = await apply_records(conn, schema, "g", batch)
+        await asyncio.wait_for(both.wait(), 10)
+    finally:
+        await conn.close()
+        await listener.close()
+    assert [e.event_id for e in outcome.applied] == [claim.event_id] and not outcome.dead
+    # begin, the session's lock, its log and session rows, the notes and position, commit
+    assert not [s for s in statements if "SAVEPOINT" in s.upper()]
+    assert len(statements) == 5, statements
+    (_, note), (_, position) = heard
+    assert [channel for channel, _ in heard] == [
+        pg.sessions_channel(schema),
+        pg.positions_channel(schema),
+    ]
+    assert '"s":"s1"' in note and '"epoch":1' in note
+    assert position == "g:t:0:42"
+
+
+@pytest.mark.postgres
+async def test_a_refused_event_is_dead_lettered_alone_and_the_rest_applied(schema: str) -> None:
+    log = SessionLog("s1", "ada")
+    events = [log.claim(), log.turn("one"), log.turn("two")]
+    other = SessionLog("s2", "ada")
+    late = other.claim()
+    stale = events[1].model_copy(update={"epoch": 0})  # an older writer's: refused
+    batch = {TopicPartition("t", 0): _records([events[0], stale, late])}
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        outcome = await apply_records(conn, schema, "g", batch)
+        stored = await conn.fetchval(f'SELECT count(*) FROM "{schema}".events')
+        position = await pg.load_positions(conn, schema, "g", "t")
+    finally:
+        await conn.close()
+    assert [e.event_id for e in outcome.applied] == [events[0].event_id, late.event_id]
+    (letter,) = outcome.dead
+    assert letter.event_id == stale.event_id and letter.source == "t/0@1"
+    assert stored == 2 and position == {0: 3}
+
+
+@pytest.mark.kafka
+async def test_the_applied_offsets_reach_kafka_by_the_time_the_projector_stops() -> None:
+    """Kafka's committed offsets are taken off the hot path (committed every few seconds,
+    not after each fetch); what was applied is still committed there at the end."""
+    env = await KafkaEnv.create(partitions=2)
+    try:
+        projector = await env.start_projector(commit_interval=3600.0)
+        producer = EventProducer(env.bootstrap, env.topics)
+        try:
+            for session in ("s1", "s2", "s3"):  # a batch each, at least
+                await producer.send(session_events(session, 2))
+                await eventually(env.caught_up, what=f"the projector to apply {session}")
+        finally:
+            await producer.stop()
+        await env.stop_projector(projector)
+        ends = {p: o for p, o in (await env.end_offsets()).items() if o}
+        consumer = AIOKafkaConsumer(bootstrap_servers=env.bootstrap, group_id=env.group)
+        await consumer.start()
+        try:
+            committed = {
+                p: await consumer.committed(TopicPartition(env.topics.events, p)) for p in ends
+            }
+        finally:
+            await consumer.stop()
+        assert committed == ends
+    finally:
+        await env.close()
+
+
+def _sessions(prefix: str, count: int) -> list[list[EventBase]]:
+    """``count`` sessions of a claim, a model turn and a checkpoint each."""
+    out = []
+    for n in range(count):
+        log = SessionLog(f"{prefix}{n:03d}", "ada")
+        usage = Usage(input_tokens=n + 1, output_tokens=2, cost_usd=0.5)
+        out.append([log.claim(), log.turn(f"q{n}", usage=usage), log.checkpoint(retain=3)])
+    return out
+
+
+async def _checkpoints(conn: asyncpg.Connection, schema: str, prefix: str) -> list[tuple[Any, ...]]:
+    rows = await conn.fetch(
+        "SELECT substr(session_id, length($1) + 1), checkpoint_id, seq, base_seq, turn, "
+        f'message_count, usage::text, cursor, created_at FROM "{schema}".checkpoints '
+        "WHERE session_id LIKE $1 || '%' ORDER BY 1",
+        prefix,
+    )
+    return [tuple(r) for r in rows]
+
+
+@pytest.mark.postgres
+async def test_a_batch_of_many_checkpoints_stores_each_as_one_at_a_time_does(schema: str) -> None:
+    """A wave of many new checkpoints is written by COPY, a few by one insert: the rows
+    read back the same, and a checkpoint id a session already has is refused alone."""
+    many = _sessions("many", 70)
+    few = [[e.model_copy(update={"session_id": "few" + e.session_id[4:]}) for e in s] for s in many]
+    more = _sessions("more", 70)
+    # a second checkpoint with an id its session already has, among many new ones
+    dup = many[5][2].model_copy(update={"seq": 4, "event_id": "evt_dup"})
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        batch = [e for s in many for e in s[:2]] + [s[2] for s in many]
+        clean = await apply_records(conn, schema, "g", {TopicPartition("t", 0): _records(batch)})
+        for n, session in enumerate(few):
+            part = {TopicPartition("t", 1): _records(session, first=3 * n)}
+            await apply_records(conn, schema, "g", part)
+        batch = [e for s in more for e in s] + [dup]
+        refused = await apply_records(
+            conn, schema, "g", {TopicPartition("t", 0): _records(batch, first=210)}
+        )
+        stored_many = await _checkpoints(conn, schema, "many")
+        stored_few = await _checkpoints(conn, schema, "few")
+        stored_more = await _checkpoints(conn, schema, "more")
+    finally:
+        await conn.close()
+    assert len(clean.applied) == 210 and not clean.dead
+    assert len(stored_many) == 70 and stored_many == stored_few
+    (letter,) = refused.dead
+    assert letter.event_id == "evt_dup" and "checkpoint id" in letter.reason
+    assert len(refused.applied) == 210 and len(stored_more) == 70
+
+
+class _GatedProjector(Projector):
+    """A projector whose transactions wait at a gate: a database that does not keep up."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.most_queued = 0
+
+    async def step(self) -> int:
+        fetched = await super().step()
+        queued = sum(len(r) for lane in self._lanes.values() for r in lane.pending.values())
+        self.most_queued = max(self.most_queued, queued)
+        return fetched
+
+    async def _apply(self, batches: Any) -> None:
+        await self.gate.wait()
+        await super()._apply(batches)
+
+
+@pytest.mark.kafka
+async def test_a_partition_its_lane_cannot_take_is_not_fetched_and_nothing_is_lost() -> None:
+    env = await KafkaEnv.create(partitions=1)
+    projector = _GatedProjector(env.settings, max_records=5, poll_ms=20)
+    projector.max_queued_batches = 2
+    events = session_events("s1", 30)  # 91 events
+    stop = asyncio.Event()
+    try:
+        await projector.start()
+        producer = EventProducer(env.bootstrap, env.topics)
+        try:
+            await producer.send(events)
+        finally:
+            await producer.stop()
+
+        async def queue_full() -> bool:
+            await projector.step()
+            return projector.most_queued >= 10
+
+        # the first batch waits at the gate; the lane queues up to its limit behind it
+        await eventually(queue_full, what="the lane's queue to fill")
+        for _ in range(20):  # rounds that find no room fetch nothing
+            assert await asyncio.wait_for(projector.step(), 5) == 0
+        assert projector.most_queued < 10 + 5
+        projector.gate.set()
+        task = asyncio.create_task(projector.run(stop))
+        await eventually(env.caught_up, what="the projector to apply every event")
+        stop.set()
+        await task
+        assert projector.applied == len(events) and projector.dead_lettered == 0
+    finally:
+        stop.set()
+        projector.gate.set()
+        await projector.stop()
+        await env.close()
