@@ -676,10 +676,15 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
         await asyncio.wait_for(watch.reached.wait(), 60)
 
         sent: list[tuple[float, float, int, int]] = []  # send, ack, partition, offset
+        # a session's events are handed to the producer in order, as its one writer does
+        # (a task each, unordered, let a session's later event reach Kafka first under load)
+        writers: dict[str, asyncio.Lock] = {}
 
         async def append(event: Any) -> None:
             t_send = time.perf_counter()
-            (position,) = await producer.send([event])
+            async with writers.setdefault(event.session_id, asyncio.Lock()):
+                pending = await producer.enqueue([event])
+            (position,) = await producer.acked(pending)
             sent.append((t_send, time.perf_counter(), position.partition, position.offset))
 
         tasks = []
