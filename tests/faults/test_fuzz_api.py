@@ -40,6 +40,7 @@ from loomflow.models import ScriptedModel
 from loomflow.producers import scope_key
 from loomflow.projections.rows import stored_user
 from loomflow.projections.sqlite import EVENT_COLUMNS, decode_event_row
+from loomflow.projections.sqlite.tables import payload_text
 from loomflow.runtime import (
     InProcRuntime,
     InProcStore,
@@ -110,8 +111,8 @@ def _events(runtime: Runtime, session: str | None = None) -> list[Event]:
             f"SELECT {EVENT_COLUMNS} FROM loomflow_events WHERE ?1 IS NULL OR session_id = ?1",
             (session,),
         ).fetchall()
-    for row in rows:  # JSON as the standard has it: no NaN, no infinities, UTF-8
-        json.loads(row[-1], parse_constant=_refuse)
+    for row in rows:  # JSON as the standard has it (a large one inflated as readers do)
+        json.loads(payload_text(row[-1], "log row"), parse_constant=_refuse)
     return [decode_event_row(row) for row in rows]
 
 
