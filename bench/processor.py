@@ -925,6 +925,18 @@ def _ok(runs: list[dict[str, Any]], errors: list[str]) -> str:
     return text + (f"; {len(errors)} run(s) failed: {errors[0]}" if errors else "")
 
 
+def _case_table(runs: list[dict[str, Any]], title: str, columns: Any) -> list[str]:
+    """A case's section: its title, then the medians (min-max) of its runs that worked."""
+    fine = [r for r in runs if "error" not in r]
+    errors = sorted({r["error"] for r in runs if "error" in r})
+    header = ["n", *(c[0] for c in columns), "ok"]
+    if not fine:
+        row = ["0", f"could not run: {errors[0] if errors else 'not run'}"]
+        return ["", f"## {title}", "", *_table(header, [row])]
+    cells = [_spread(fine, k, d) for _, k, d in columns]
+    return ["", f"## {title}", "", *_table(header, [[str(len(fine)), *cells, _ok(fine, errors)]])]
+
+
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows]
@@ -1013,38 +1025,20 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]]) -
             errors = sorted({r["error"] for r in results["ceiling"] if "error" in r})
             out += _table(header, [["0", f"could not run: {errors[0] if errors else 'none'}"]])
     if "lag" in results:
-        fine = [r for r in results["lag"] if "error" not in r]
-        errors = sorted({r["error"] for r in results["lag"] if "error" in r})
-        out += [
-            "",
-            f"## lag: one worker, {args.lag_rate:,.0f} events/s for {args.lag_seconds:.0f} s, "
-            "one append per event",
-            "",
-        ]
-        header = ["n", *(c[0] for c in LAG_COLUMNS), "ok"]
-        if fine:
-            cells = [_spread(fine, k, d) for _, k, d in LAG_COLUMNS]
-            out += _table(header, [[str(len(fine)), *cells, _ok(fine, errors)]])
-            negative = sum(r["negative"] for r in fine)
-            if negative:
-                out.append(f"\n{negative} event(s) were committed before their ack arrived")
-        else:
-            out += _table(header, [["0", f"could not run: {errors[0] if errors else 'not run'}"]])
+        title = (
+            f"lag: one worker, {args.lag_rate:,.0f} events/s for {args.lag_seconds:.0f} s, "
+            "one append per event"
+        )
+        out += _case_table(results["lag"], title, LAG_COLUMNS)
+        negative = sum(r["negative"] for r in results["lag"] if "error" not in r)
+        if negative:
+            out.append(f"\n{negative} event(s) were committed before their ack arrived")
     if "single" in results:
-        fine = [r for r in results["single"] if "error" not in r]
-        errors = sorted({r["error"] for r in results["single"] if "error" in r})
-        out += [
-            "",
-            f"## single: one worker, {args.single_events:,} events one at a time, each sent "
-            "once the position past the one before was NOTIFYed",
-            "",
-        ]
-        header = ["n", *(c[0] for c in SINGLE_COLUMNS), "ok"]
-        if fine:
-            cells = [_spread(fine, k, d) for _, k, d in SINGLE_COLUMNS]
-            out += _table(header, [[str(len(fine)), *cells, _ok(fine, errors)]])
-        else:
-            out += _table(header, [["0", f"could not run: {errors[0] if errors else 'not run'}"]])
+        title = (
+            f"single: one worker, {args.single_events:,} events one at a time, each sent "
+            "once the position past the one before was NOTIFYed"
+        )
+        out += _case_table(results["single"], title, SINGLE_COLUMNS)
     out += targets(results)
     problems = {p for runs in results.values() for r in runs for p in r.get("problems", [])}
     for problem in sorted(problems)[:5]:
