@@ -665,6 +665,7 @@ class KafkaStore(EventStore):
             try:
                 reader.assign([tp])
                 reader.seek(tp, committed)
+                reader.resume(tp)
                 while await reader.position(tp) < end:
                     fetched = await reader.getmany(tp, timeout_ms=1000)
                     for record in fetched.get(tp, []):
@@ -682,6 +683,11 @@ class KafkaStore(EventStore):
                 raise kafka_error(
                     f"reading partition {partition} of {self.topics.events} failed", exc
                 ) from exc
+            finally:
+                # no fetch left waiting at the partition's end: the next seek would wait for
+                # it (up to fetch_max_wait_ms, 500 ms), and an end_offsets() meanwhile made
+                # it do so every time
+                reader.pause(tp)
         return sorted(later, key=lambda e: e.seq)
 
     async def _reader(self) -> AIOKafkaConsumer:

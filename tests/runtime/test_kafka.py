@@ -85,6 +85,10 @@ async def test_restore_reads_the_log_past_a_lagging_read_model(env: KafkaEnv) ->
     state = await runtime.restore(Scope("s1"))
     assert state is not None and state.seq == late.seq
     assert state.messages[-1] == Message.user("a late question")
+    # the tail's reader leaves no fetch waiting at the partition's end: the next read of a
+    # tail would wait it out (fetch_max_wait_ms, 500 ms) once an end_offsets() came between
+    reader = runtime.store._consumer
+    assert reader is not None and reader.assignment() and reader.assignment() <= reader.paused()
     assert (await runtime.store.session(Scope("s1"))).last_seq == late.seq  # type: ignore[union-attr]
 
     await env.start_projector()  # the projector catches up; the resumed run goes on
