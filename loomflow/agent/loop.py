@@ -386,12 +386,24 @@ class Run:
         self._context_tokens = response.usage.total_tokens
         await self._append(
             [response.message],
+            durable=bool(response.message.tool_calls) or not self._ends_with_answer(),
             usage=response.usage,
             model_call=True,
             step_key=f"model:{self.turns}",
             input_hash=digest[:32],
             model=self.agent.model.name,
             latency_ms=latency_ms,
+        )
+
+    def _ends_with_answer(self) -> bool:
+        """Whether a final answer is followed by nothing but the run's end: no stop hook,
+        output check or compaction acts on it first. Then it goes out with the end (one
+        acknowledgement on Kafka, not two); a crash before that acknowledgement loses the
+        answer as a crash before its own would."""
+        return (
+            not self.tuning.stop_hooks
+            and self.options.output_schema is None
+            and self.tuning.auto_compact_at_tokens is None
         )
 
     def _call_options(self) -> CallOptions | None:

@@ -103,6 +103,8 @@ class SessionWriter:
         self._in_doubt: list[Event] = []
         #: events sent without waiting for durability: the next append waits for them
         self._unacked: list[Event] = []
+        #: the ids of staged events sent ahead: left out, not written again, if lost
+        self._optional: set[str] = set()
         #: the events that claimed the session for this run (written by open_session),
         #: and the session as they left it
         self.opened: list[Event] = []
@@ -179,6 +181,9 @@ class SessionWriter:
         if self._in_doubt:
             await self._observe(await _within(give_up, self._resolve_doubt()))
         staged, self._staged = self._staged, []
+        # what was sent ahead (a prompt) is made durable by this write, or lost with it
+        ahead = [e for e in self._unacked if e.event_id not in self._optional]
+        self._optional = {e.event_id for e in staged}  # if this is a send, sent ahead too
         event = self.make(cls, payload)
         batch = [*staged, cast(Event, event)]
         failures = 0
@@ -213,9 +218,12 @@ class SessionWriter:
                 await self._observe(await self._recover(give_up))
             if self.next_seq > event.seq:
                 return event  # it landed after all
-            # what did not land is written again; a staged checkpoint is left out
-            event = self.make(cls, payload)
-            batch = [cast(Event, event)]
+            # what did not land is written again, what was sent ahead of it first (the
+            # answer never lands without its prompt); a staged checkpoint is left out
+            lost = [e for e in ahead if e.seq >= self.next_seq]
+            ahead = [self.make(type(e), e.payload, offset=k) for k, e in enumerate(lost)]
+            event = self.make(cls, payload, offset=len(ahead))
+            batch = [*ahead, cast(Event, event)]
 
     async def _recover(self, give_up: float) -> list[Event]:
         """Learn what the failed write left in the log, waiting (with backoff) while the

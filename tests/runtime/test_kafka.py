@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from loomflow import Message
+from loomflow import Agent, Message, Tuning
 from loomflow.errors import (
     ProjectionTimeoutError,
     RunCancelledError,
     StaleWriterError,
     StoreError,
 )
+from loomflow.models import ScriptedModel
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
@@ -32,6 +33,11 @@ from tests.support.services import postgres_dsn
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
+
+
+def look(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
 
 
 @pytest.fixture
@@ -341,4 +347,55 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
         "read_transcript",
         "projector wait",  # the run's return: its checkpoints are readable everywhere
     ]
+    await runtime.close()
+
+
+async def test_a_final_answer_goes_out_with_the_run_s_end_in_one_acknowledgement(
+    env: KafkaEnv,
+) -> None:
+    """With nothing to act on a final answer before the run ends (no stop hook, output
+    check or compaction), the answer is sent ahead and acknowledged with the end: one
+    wait for the broker after the model call, not two. A stop hook keeps it durable
+    before the hook sees it."""
+    await env.start_projector()
+    runtime = env.runtime()
+    store = runtime.store
+    writes: list[str] = []
+    append, send = store.append, store.send
+
+    async def counted_append(events: Any) -> None:
+        writes.append("append " + ",".join(e.type for e in events))
+        await append(events)
+
+    async def counted_send(events: Any) -> None:
+        writes.append("send " + ",".join(e.type for e in events))
+        await send(events)
+
+    store.append, store.send = counted_append, counted_send  # type: ignore[method-assign]
+
+    def agent(**tuning: Any) -> Agent:
+        model = ScriptedModel([ScriptedModel.tool_call("look", q="x"), "the answer"])
+        tuned = Tuning(checkpoint=True, **tuning)
+        return Agent("Answer.", model=model, runtime=runtime, tools=[look], tuning=tuned)
+
+    result = await agent().run("Question?", session_id="s1")
+    assert result.output == "the answer"
+    assert writes == [
+        "append run.started",  # the claim
+        "send turn.appended",  # the prompt, acknowledged with the model's answer
+        "append turn.appended",  # the tool call, durable before the tool runs
+        "append turn.appended",  # the tool's result
+        "send turn.appended",  # the final answer ...
+        "append checkpoint.written,run.finished",  # ... acknowledged with the end
+    ]
+    transcript = await runtime.restore(Scope("s1"))
+    assert transcript is not None and transcript.messages[-1].content == "the answer"
+
+    writes.clear()
+
+    async def hook(state: Any) -> None:
+        return None
+
+    await agent(stop_hooks=[hook]).run("Again?", session_id="s2")
+    assert writes[-2:] == ["append turn.appended", "append checkpoint.written,run.finished"]
     await runtime.close()

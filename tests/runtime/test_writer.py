@@ -294,3 +294,21 @@ async def test_a_silent_run_sends_heartbeats_rides_out_a_failed_one_and_stops_wh
 
 async def _more(count: Awaitable[int], than: int) -> bool:
     return await count > than
+
+
+async def test_what_was_sent_ahead_and_lost_with_a_failed_append_is_written_again_first() -> None:
+    """A prompt sent ahead of the answer (Kafka acknowledges both at once) and lost with
+    the append that failed is written again in front of the answer, not dropped: the
+    answer never lands without the prompt it answers."""
+    store = SendsAhead()
+    writer, heard = await _writer(store)
+    writer.stage(CheckpointWritten, _checkpoint())  # optional: given up if lost
+    await writer.send(TurnAppended, _said("prompt"))
+    # the batch of both is lost, then the one written again
+    store.plan = [(StoreUnavailableError("away"), False)] * 2
+    answer = await writer.emit(TurnAppended, _said("answer"))
+    log = await _log(store)
+    said = [e.payload.messages[0].content for e in log if isinstance(e, TurnAppended)]
+    assert said == ["prompt", "answer"] and [e.seq for e in log] == [1, 2, 3]
+    assert not any(isinstance(e, CheckpointWritten) for e in log)
+    assert log[-1].event_id == answer.event_id and heard == [e.event_id for e in log[1:]]
