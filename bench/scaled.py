@@ -1,7 +1,7 @@
 """Issue 25 in one run: the scaled path's and the embedded default's targets, side by side.
 
-    .venv/bin/python -m bench.scaled [--only pass,peers,projector,storage,import] [--reps 3]
-                                     [--turns 30] [--passes 100] [--events 100000]
+    .venv/bin/python -m bench.scaled [--only pass,peers,projector,storage,import,http,cold]
+                                     [--reps 3] [--turns 30] [--passes 100] [--events 100000]
                                      [--lag-seconds 20] [--import-runs 20] [--json out.json]
 
 Needs LOOMFLOW_POSTGRES_DSN and LOOMFLOW_KAFKA_BOOTSTRAP (``dev/services.sh start``). Each part
@@ -28,6 +28,16 @@ medians of this run) and met / MISSED:
   loomflow import SqliteRuntime; SqliteRuntime(path)`` and as many of ``python -c pass``,
   alternated; the figure is the difference of their median walls. One more process reports
   which of ``HEAVY`` that code left in ``sys.modules``. Targets: <= 150 ms, none loaded.
+- ``http``: ``bench.turn --variants http --stores lf-sqlite,lf020-sqlite`` (the spec's code,
+  each implementation's Anthropic adapter against the bench's local Messages API; 0.20.0
+  from the peers venv) over ``--turns`` user turns. Target: lf-sqlite per turn <= 0.5x
+  0.20.0's, on the p50 of each span of ten turns (1-10, 11-20, the last ten), the worst
+  span judged, as bench.turn judges it.
+- ``cold``: ``bench.checkpoints --variants single --stores lf-sqlite,lg-sqlite``: the cold
+  read of a 200-pass session, what a resume after a restart reads (ours: ``restore`` on a
+  new SqliteRuntime; LangGraph's AsyncSqliteSaver: its latest checkpoint from a reopened
+  store). Target: <= 1.0x LangGraph's. (The issue's get at a million checkpoints is
+  bench.scale's, whose load of a million takes ~20 minutes: not part of this run.)
 
 A part that fails (a missing service, a bench's error) leaves its targets "not measured"
 with the reason; a target whose runs were not ``ok`` is MISSED whatever its figure.
@@ -50,11 +60,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import pg_peers
+from bench import pg_peers, turn
+from bench.workload import VARIANTS as STORE_WORKLOADS
 
 REPO = Path(__file__).resolve().parent.parent
-PARTS = ("pass", "peers", "projector", "storage", "import")
+PARTS = ("pass", "peers", "projector", "storage", "import", "http", "cold")
 PASS_STORES = ("lf-inproc", "lf-sqlite", "lf-pg", "lf-kafka")
+HTTP_STORES = ("lf-sqlite", turn.PEER)
+COLD_STORES = ("lf-sqlite", "lg-sqlite")
 #: modules the lean import must not load
 #: (pydantic-settings is not among them: it is the one reader of configuration every
 #: process uses, a runtime's constructor included, and costs ~15 ms of the import)
@@ -224,12 +237,55 @@ def import_targets(data: dict[str, Any] | None, why: str = "not run") -> list[Ta
     ]
 
 
+def http_targets(data: dict[str, Any] | None, why: str = "not run") -> list[Target]:
+    """lf-sqlite's user turn over HTTP against loomflow 0.20.0's, span by span (bench.turn)."""
+    name = "HTTP user turn (lf-sqlite) <= 0.5x loomflow 0.20.0's"
+    if data is None:
+        return [_missing(name, why)]
+    by_store = data.get("results", {}).get("http", {})
+    ours, peer = by_store.get("lf-sqlite"), by_store.get(turn.PEER)
+    spans: list[tuple[str, float, float]] = []
+    for window in turn.WINDOWS:
+        mine, theirs = _median(_fine(ours), f"{window}_p50"), _median(_fine(peer), f"{window}_p50")
+        if mine is not None and theirs:
+            spans.append((window, mine, theirs))
+    if len(spans) < len(turn.WINDOWS):
+        return [_missing(name, f"needs lf-sqlite and {turn.PEER} runs")]
+    ratios = [mine / theirs for _, mine, theirs in spans]
+    worst = max(range(len(spans)), key=lambda i: ratios[i])
+    window, mine, theirs = spans[worst]
+    figure = (
+        ", ".join(f"{r:.2f}x" for r in ratios)
+        + f" (turns 1{DASH}10, 11{DASH}20, last ten; worst: {window}, {mine:.2f} / "
+        + f"{theirs:.2f} ms)"
+    )
+    return [_judged(name, figure, ratios[worst] <= 0.5, ours, peer)]
+
+
+def cold_targets(data: dict[str, Any] | None, why: str = "not run") -> list[Target]:
+    """lf-sqlite's cold read of a session against LangGraph's (bench.checkpoints, single)."""
+    name = "cold read (lf-sqlite) <= LangGraph's (AsyncSqliteSaver)"
+    if data is None:
+        return [_missing(name, why)]
+    by_store = data.get("results", {}).get("single", {})
+    ours, peer = by_store.get("lf-sqlite"), by_store.get("lg-sqlite")
+    mine, theirs = _median(_fine(ours), "cold_read_p50"), _median(_fine(peer), "cold_read_p50")
+    if mine is None or not theirs:
+        return [_missing(name, "needs lf-sqlite and lg-sqlite runs")]
+    ratio = mine / theirs
+    passes = STORE_WORKLOADS["single"][1]
+    figure = f"{ratio:.2f}x ({mine:.2f} / {theirs:.2f} ms, a {passes}-pass session)"
+    return [_judged(name, figure, ratio <= 1.0, ours, peer)]
+
+
 TARGETS: dict[str, Callable[..., list[Target]]] = {
     "pass": pass_targets,
     "peers": peers_targets,
     "projector": projector_targets,
     "storage": storage_targets,
     "import": import_targets,
+    "http": http_targets,
+    "cold": cold_targets,
 }
 
 
@@ -318,6 +374,15 @@ def commands(args: argparse.Namespace, out: Path) -> dict[str, list[str]]:
         "storage": [
             *(py, "-m", "bench.storage", "--page-sizes", "4096"),
             *("--json", str(out / "storage.json")),
+        ],
+        "http": [
+            *(py, "-m", "bench.turn", "--variants", "http", "--stores", ",".join(HTTP_STORES)),
+            *("--turns", str(args.turns), "--reps", reps, "--json", str(out / "http.json")),
+        ],
+        "cold": [
+            *(py, "-m", "bench.checkpoints", "--variants", "single"),
+            *("--stores", ",".join(COLD_STORES), "--reps", reps),
+            *("--json", str(out / "cold.json")),
         ],
     }
 

@@ -3,13 +3,14 @@ probe, and a part's JSON read back (the benches themselves have tests of their o
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import scaled
+from bench import scaled, turn
 
 
 def _turn(**stores: float) -> dict[str, Any]:
@@ -78,12 +79,61 @@ def test_storage_is_judged_on_both_workloads_at_the_default_page() -> None:
     assert agent_single.met is None  # no row of it: not measured
 
 
+def test_the_http_turn_is_judged_on_its_worst_span_against_0_20_0s() -> None:
+    def http(ours: tuple[float, ...], peer: tuple[float, ...]) -> dict[str, Any]:
+        def runs(p50s: tuple[float, ...]) -> list[dict[str, Any]]:
+            spans = {f"{w}_p50": ms for w, ms in zip(turn.WINDOWS, p50s, strict=True)}
+            return [{**spans, "ok": True}]
+
+        return {"results": {"http": {"lf-sqlite": runs(ours), "lf020-sqlite": runs(peer)}}}
+
+    (met,) = scaled.http_targets(http((4.0, 5.0, 6.0), (10.0, 12.0, 30.0)))
+    assert met.met is True and met.figure.startswith("0.40x, 0.42x, 0.20x")
+    assert "worst: second, 5.00 / 12.00 ms" in met.figure
+    # one span over the limit misses, however far under it the others are
+    (missed,) = scaled.http_targets(http((6.0, 5.0, 6.0), (10.0, 12.0, 30.0)))
+    assert missed.verdict == "MISSED" and "worst: first" in missed.figure
+    alone = http((4.0, 5.0, 6.0), (10.0, 12.0, 30.0))
+    del alone["results"]["http"]["lf020-sqlite"]
+    (unmeasured,) = scaled.http_targets(alone)
+    assert unmeasured.met is None and "needs lf-sqlite and lf020-sqlite" in unmeasured.figure
+
+
+def test_the_cold_read_is_judged_against_langgraphs() -> None:
+    def cold(ours: float, langgraph: float) -> dict[str, Any]:
+        runs = {"lf-sqlite": ours, "lg-sqlite": langgraph}
+        single = {s: [{"cold_read_p50": ms, "ok": True}] for s, ms in runs.items()}
+        return {"results": {"single": single}}
+
+    (met,) = scaled.cold_targets(cold(2.0, 2.5))
+    assert met.met is True and met.figure.startswith("0.80x (2.00 / 2.50 ms")
+    (missed,) = scaled.cold_targets(cold(11.3, 2.56))
+    assert missed.verdict == "MISSED" and missed.figure.startswith("4.41x")
+    failed = cold(2.0, 2.5)
+    failed["results"]["single"]["lg-sqlite"] = [{"error": "pip install failed"}]
+    (unmeasured,) = scaled.cold_targets(failed)
+    assert unmeasured.met is None and "needs lf-sqlite and lg-sqlite" in unmeasured.figure
+
+
+def test_every_part_but_the_import_has_a_bench_command(tmp_path: Path) -> None:
+    args = argparse.Namespace(
+        reps=3, turns=30, passes=100, events=100_000, lag_seconds=20.0, import_runs=20
+    )
+    planned = scaled.commands(args, tmp_path)
+    assert set(planned) | {"import"} == set(scaled.PARTS) == set(scaled.TARGETS)
+    assert "lf-sqlite,lf020-sqlite" in planned["http"] and "http" in planned["http"]
+    assert "lf-sqlite,lg-sqlite" in planned["cold"] and "single" in planned["cold"]
+    assert planned["cold"][-1] == str(tmp_path / "cold.json")
+
+
 def test_a_part_that_failed_or_was_left_out_is_not_measured() -> None:
     found = scaled.targets({"storage": {"error": "exit 1, no JSON written"}})
     by_name = {t.name: t for t in found}
     storage = by_name["storage (store, 200 passes) <= 1.5x the transcript"]
     assert storage.verdict == "not measured" and "exit 1" in storage.figure
     assert "not run (--only)" in by_name["Kafka pass <= 1.0x PostgreSQL's"].figure
+    http = by_name["HTTP user turn (lf-sqlite) <= 0.5x loomflow 0.20.0's"]
+    assert "not run (--only)" in http.figure
     table = scaled.targets_table(found)
     assert table.count("| not measured |") == len(found)
 
