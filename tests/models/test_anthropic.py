@@ -107,6 +107,31 @@ async def test_text_reply(server: FakeAnthropicServer, clients: list[AnthropicMo
     ]
 
 
+async def test_a_reply_holding_a_block_newer_than_the_sdk_is_read_as_the_sdk_reads_it(
+    server: FakeAnthropicServer, clients: list[AnthropicModel]
+) -> None:
+    # the reply is validated by pydantic, which refuses a block type the SDK does not know;
+    # the SDK's lenient construction takes it, so the call must too
+    reply = tool_use_response("get_weather", {"city": "Oslo"}, id="toolu_1", text="Checking.")
+    reply["content"].insert(1, {"type": "block_of_2027", "payload": {"n": 1}})
+    respond_with(server, lambda body: reply)
+    model = model_for(server, clients)
+
+    response = await model.complete([Message.user("Weather in Oslo?")], [WEATHER])
+
+    call = ToolCall(id="toolu_1", name="get_weather", arguments={"city": "Oslo"})
+    assert response.message == Message.assistant("Checking.", tool_calls=[call])
+    assert response.usage.input_tokens == 10
+
+
+def test_a_reply_that_is_no_json_object_is_a_model_error() -> None:
+    from loomflow.models.anthropic import _reply
+
+    for body in (b"<html>502 Bad Gateway</html>", b"[1, 2]"):
+        with pytest.raises(ModelError, match="not a JSON object"):
+            _reply("claude-opus-4-7", body)
+
+
 async def test_tool_use_round_trip(
     server: FakeAnthropicServer, clients: list[AnthropicModel]
 ) -> None:
