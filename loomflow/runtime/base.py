@@ -22,7 +22,6 @@ from loomflow.errors import (
     SignalRefusedError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import fold
 from loomflow.runtime.store import EventStore
 from loomflow.runtime.writer import SessionWriter, WritePolicy
 from loomflow.schemas import (
@@ -225,6 +224,8 @@ class Runtime(Resource):
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
         """
+        from loomflow.projections.fold import fold  # loaded by a first run, not a runtime's import
+
         newest = mode == "resume" and from_checkpoint is None
         for _ in range(8):
             row, latest = await self._store.head(scope, checkpoint=newest)

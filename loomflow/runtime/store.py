@@ -6,13 +6,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from loomflow.errors import (
     SequenceConflictError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
 from loomflow.runtime.cache import TranscriptCache
 from loomflow.schemas import (
     Event,
@@ -29,6 +28,9 @@ from loomflow.schemas.events import (
 from loomflow.schemas.scope import ANY_USER, Scope
 from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
 from loomflow.schemas.signing import Signer
+
+if TYPE_CHECKING:
+    from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
 
 __all__ = ["DatabaseStore", "EventStore", "PruneResult", "prune_filter"]
 
@@ -256,6 +258,8 @@ def prune_filter(before: datetime | None, session_id: str | None, user_id: Any) 
         validate_id(session_id, "session_id")
     if user_id is not ANY_USER and user_id is not None:
         validate_id(user_id, "user_id")
+    from loomflow.projections.fold import PruneFilter
+
     return PruneFilter(
         before=before,
         session_id=session_id,
