@@ -19,16 +19,6 @@ from loomflow.errors import (
     SignalTimeoutError,
 )
 from loomflow.runtime import SqliteRuntime
-from loomflow.schemas import (
-    Checkpoint,
-    CheckpointMeta,
-    Message,
-    Role,
-    RunResult,
-    ToolCall,
-    Usage,
-    new_id,
-)
 
 if TYPE_CHECKING:
     from loomflow.agent import (
@@ -46,6 +36,16 @@ if TYPE_CHECKING:
     from loomflow.runtime.journal import current_journal
     from loomflow.runtime.kafka import KafkaRuntime
     from loomflow.runtime.postgres import PostgresRuntime
+    from loomflow.schemas import (
+        Checkpoint,
+        CheckpointMeta,
+        Message,
+        Role,
+        RunResult,
+        ToolCall,
+        Usage,
+        new_id,
+    )
 
     #: the version of the installed distribution (loomflow-durable), as ``loomflow
     #: --version`` reports it; read from its metadata on first use
@@ -92,8 +92,16 @@ __all__ = [
 #: names loaded when first used: the agent loop, its tools' schema generation and the
 #: model adapters are a third of ``import loomflow``, which a process that opens a runtime
 #: (a reader, a worker's store, the console) does not need; nor does it need the
-#: in-process runtime or the journal until it runs something
+#: in-process runtime, the journal or the models of the transcript until it runs something
 _ON_FIRST_USE = {
+    "Checkpoint": "loomflow.schemas",
+    "CheckpointMeta": "loomflow.schemas",
+    "Message": "loomflow.schemas",
+    "Role": "loomflow.schemas",
+    "RunResult": "loomflow.schemas",
+    "ToolCall": "loomflow.schemas",
+    "Usage": "loomflow.schemas",
+    "new_id": "loomflow.schemas",
     "Agent": "loomflow.agent",
     "RunContext": "loomflow.agent",
     "SessionState": "loomflow.agent",

@@ -18,13 +18,13 @@ from loomflow.projections.sqlite.thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.store import DatabaseStore, PruneResult
-from loomflow.schemas import Event
-from loomflow.schemas.codec import Serializer
 from loomflow.schemas.scope import Scope
-from loomflow.schemas.sessions import SessionRecord
 
 if TYPE_CHECKING:
     from loomflow.projections.fold import PruneFilter
+    from loomflow.schemas import Event
+    from loomflow.schemas.options import Serializer
+    from loomflow.schemas.sessions import SessionRecord
     from loomflow.settings import Settings
 
 __all__ = ["SqliteRuntime", "SqliteStore"]

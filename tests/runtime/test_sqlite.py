@@ -109,8 +109,9 @@ async def test_wal_mode_and_reads_off_the_event_loop(tmp_path: Path) -> None:
 
 def test_a_runtime_not_yet_used_loads_neither_the_fold_nor_its_sql(tmp_path: Path) -> None:
     # ``import loomflow`` and ``SqliteRuntime(path)`` is what every embedded process pays
-    # at its start (bench.scaled's import target, <= 150 ms): the fold, the SQLite dialect's
-    # reads and writes and the in-process runtime load with the first run, which works
+    # at its start (bench.scaled's import target, <= 150 ms): the event models, the fold,
+    # the SQLite dialect's reads and writes and the in-process runtime load with the first
+    # run, which works
     code = (
         "import asyncio, sys\n"
         "import loomflow\n"
@@ -128,6 +129,12 @@ def test_a_runtime_not_yet_used_loads_neither_the_fold_nor_its_sql(tmp_path: Pat
     assert done.returncode == 0, done.stderr
     modules, turns = done.stdout.splitlines()
     deferred = {
+        "loomflow.schemas.checkpoints",
+        "loomflow.schemas.codec",
+        "loomflow.schemas.events",
+        "loomflow.schemas.messages",
+        "loomflow.schemas.sessions",
+        "loomflow.schemas.signing",
         "loomflow.projections.fold",
         "loomflow.projections.sqlite.reads",
         "loomflow.projections.sqlite.schema",
