@@ -18,17 +18,7 @@ from loomflow.errors import (
     SignalRefusedError,
     SignalTimeoutError,
 )
-from loomflow.runtime import InProcRuntime, SqliteRuntime, current_journal
-from loomflow.schemas import (
-    Checkpoint,
-    CheckpointMeta,
-    Message,
-    Role,
-    RunResult,
-    ToolCall,
-    Usage,
-    new_id,
-)
+from loomflow.runtime import SqliteRuntime
 
 if TYPE_CHECKING:
     from loomflow.agent import (
@@ -42,8 +32,20 @@ if TYPE_CHECKING:
         wait_for_signal,
     )
     from loomflow.models.base import Effort
+    from loomflow.runtime.inproc import InProcRuntime
+    from loomflow.runtime.journal import current_journal
     from loomflow.runtime.kafka import KafkaRuntime
     from loomflow.runtime.postgres import PostgresRuntime
+    from loomflow.schemas import (
+        Checkpoint,
+        CheckpointMeta,
+        Message,
+        Role,
+        RunResult,
+        ToolCall,
+        Usage,
+        new_id,
+    )
 
     #: the version of the installed distribution (loomflow-durable), as ``loomflow
     #: --version`` reports it; read from its metadata on first use
@@ -87,10 +89,19 @@ __all__ = [
 ]
 
 
-#: names of the agent's layer, loaded when first used: the agent loop, its tools' schema
-#: generation and the model adapters are a third of ``import loomflow``, which a process
-#: that opens a runtime (a reader, a worker's store, the console) does not need
-_AGENT = {
+#: names loaded when first used: the agent loop, its tools' schema generation and the
+#: model adapters are a third of ``import loomflow``, which a process that opens a runtime
+#: (a reader, a worker's store, the console) does not need; nor does it need the
+#: in-process runtime, the journal or the models of the transcript until it runs something
+_ON_FIRST_USE = {
+    "Checkpoint": "loomflow.schemas",
+    "CheckpointMeta": "loomflow.schemas",
+    "Message": "loomflow.schemas",
+    "Role": "loomflow.schemas",
+    "RunResult": "loomflow.schemas",
+    "ToolCall": "loomflow.schemas",
+    "Usage": "loomflow.schemas",
+    "new_id": "loomflow.schemas",
     "Agent": "loomflow.agent",
     "RunContext": "loomflow.agent",
     "SessionState": "loomflow.agent",
@@ -100,20 +111,22 @@ _AGENT = {
     "get_run_context": "loomflow.agent",
     "wait_for_signal": "loomflow.agent",
     "Effort": "loomflow.models.base",
+    "InProcRuntime": "loomflow.runtime.inproc",
+    "current_journal": "loomflow.runtime.journal",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """The agent's names (above), ``KafkaRuntime`` and ``PostgresRuntime`` load on first
-    use (see loomflow.runtime), and ``__version__`` is read from the distribution's
-    metadata then."""
+    """The names above, ``KafkaRuntime`` and ``PostgresRuntime`` load on first use (see
+    loomflow.runtime), and ``__version__`` is read from the distribution's metadata
+    then."""
     if name == "__version__":
         globals()["__version__"] = version = _version()  # read once
         return version
-    if name in _AGENT:
+    if name in _ON_FIRST_USE:
         import importlib
 
-        globals()[name] = value = getattr(importlib.import_module(_AGENT[name]), name)
+        globals()[name] = value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
         return value
     from loomflow.runtime import _LAZY, load_lazily
 

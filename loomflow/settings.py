@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     AliasChoices,
@@ -26,9 +26,10 @@ from pydantic import (
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loomflow.errors import SigningKeyError
-from loomflow.schemas.codec import Serializer
-from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
-from loomflow.schemas.signing import Keyring, SignatureMode, Signatures, Signer
+from loomflow.schemas.options import DEFAULT_LEASE_SECONDS, Serializer, SignatureMode
+
+if TYPE_CHECKING:
+    from loomflow.schemas.signing import Keyring, Signatures, Signer
 
 __all__ = ["Settings"]
 
@@ -295,15 +296,20 @@ class Settings(BaseSettings):
     def signer(self) -> Signer | None:
         """The signing key of ``signing_key_file`` or ``signing_key``; None when neither
         is set. Raises :class:`~loomflow.errors.SigningKeyError` naming the setting."""
+        if self.signing_key_file is None and self.signing_key is None:
+            return None
+        from loomflow.schemas.signing import Signer  # and the event models: only to sign
+
         if self.signing_key_file is not None:
             return Signer.from_file(self.signing_key_file)
-        if self.signing_key is not None:
-            return Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
-        return None
+        assert self.signing_key is not None
+        return Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
 
     def trusted_keys(self) -> Keyring | None:
         """The keys this process trusts: the keyring file's, else the signing key's own
         (for every role); None when neither is set."""
+        from loomflow.schemas.signing import Keyring
+
         if self.keyring is not None:
             return Keyring.load(self.keyring)
         signer = self.signer()
@@ -313,6 +319,8 @@ class Settings(BaseSettings):
         """What every reader of the log does with signatures (:class:`Signatures`): the
         keyring file's keys, else the signing key's own; ``signatures`` unset is
         ``require`` when there is either, ``off`` otherwise."""
+        from loomflow.schemas.signing import Signatures
+
         keyring = self.trusted_keys()
         mode = self.signatures or ("off" if keyring is None else "require")
         if mode == "off":

@@ -2,7 +2,8 @@
 
 ``PostgresRuntime`` and ``KafkaRuntime`` load on first use: their drivers (asyncpg,
 aiokafka) come with the ``[postgres]`` and ``[kafka]`` extras, and an embedded user
-imports none of them.
+imports none of them. The in-process runtime and the journal load on first use too: a
+process that makes a SQLite runtime needs neither until it runs something.
 """
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from loomflow.runtime.base import RestoredState, Runtime
-from loomflow.runtime.inproc import InProcRuntime, InProcStore
-from loomflow.runtime.journal import Journal, current_journal
 from loomflow.runtime.sqlite import SqliteRuntime, SqliteStore
 from loomflow.runtime.store import DatabaseStore, EventStore, PruneResult
 from loomflow.runtime.writer import SessionWriter
 from loomflow.schemas.scope import ANY_USER, Scope
 
 if TYPE_CHECKING:
+    from loomflow.runtime.inproc import InProcRuntime, InProcStore
+    from loomflow.runtime.journal import Journal, current_journal
     from loomflow.runtime.kafka import KafkaRuntime, KafkaStore
     from loomflow.runtime.postgres import PostgresRuntime, PostgresStore
 
@@ -52,7 +53,19 @@ _LAZY = {
 }
 
 
+#: name -> its module, which needs nothing beyond what the embedded runtimes need
+_ON_FIRST_USE = {
+    "InProcRuntime": "loomflow.runtime.inproc",
+    "InProcStore": "loomflow.runtime.inproc",
+    "Journal": "loomflow.runtime.journal",
+    "current_journal": "loomflow.runtime.journal",
+}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        globals()[name] = value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        return value
     return load_lazily(__name__, name, _LAZY)
 
 

@@ -22,37 +22,26 @@ from loomflow.errors import (
     SignalRefusedError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import fold
 from loomflow.runtime.store import EventStore
 from loomflow.runtime.writer import SessionWriter, WritePolicy
-from loomflow.schemas import (
-    Checkpoint,
-    CheckpointMeta,
-    Event,
-    Message,
-    RunCancelled,
-    RunOptions,
-    RunStarted,
-    SessionForked,
-    SignalSent,
-    Usage,
-    new_id,
-    validate_id,
-)
 from loomflow.schemas.clock import utcnow
-from loomflow.schemas.codec import Serializer, dumps
-from loomflow.schemas.events import (
-    DEFAULT_LEASE_SECONDS,
-    MAX_SIGNAL_BYTES,
-    RunCancelledPayload,
-    RunStartedPayload,
-    SessionForkedPayload,
-    SignalSentPayload,
-)
+from loomflow.schemas.ids import new_id, validate_id
+from loomflow.schemas.options import DEFAULT_LEASE_SECONDS, Serializer
 from loomflow.schemas.scope import Scope
-from loomflow.schemas.sessions import SessionRecord
 
 if TYPE_CHECKING:
+    # the event models, imported by the methods that write them: a runtime made and not
+    # yet used has built none of them
+    from loomflow.schemas import (
+        Checkpoint,
+        CheckpointMeta,
+        Event,
+        Message,
+        RunOptions,
+        Usage,
+    )
+    from loomflow.schemas.events import SessionForkedPayload
+    from loomflow.schemas.sessions import SessionRecord
     from loomflow.settings import Settings
 
 __all__ = ["RestoredState", "Runtime", "abandoned"]
@@ -174,6 +163,8 @@ class Runtime(Resource):
         run needs before its first model call, without reading the session again.
         ``checkpoint_id`` names the checkpoint a ``mode="resume"`` claim continues from
         (None: it had none and replays the log)."""
+        from loomflow.schemas.events import RunStarted
+
         row, started = writer.claimed, writer.opened[-1]
         if row is None or not isinstance(started, RunStarted):
             raise ValueError("claimed() takes the writer of a claim made by open_session()")
@@ -225,6 +216,9 @@ class Runtime(Resource):
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
         """
+        from loomflow.projections.fold import fold
+        from loomflow.schemas.events import RunStarted, RunStartedPayload, SessionForked
+
         newest = mode == "resume" and from_checkpoint is None
         for _ in range(8):
             row, latest = await self._store.head(scope, checkpoint=newest)
@@ -302,6 +296,9 @@ class Runtime(Resource):
         out (its resumed wait raises SignalTimeoutError), SerializationError for data
         that is not JSON (NaN and infinities included) or is larger than MAX_SIGNAL_BYTES.
         """
+        from loomflow.schemas.codec import dumps
+        from loomflow.schemas.events import MAX_SIGNAL_BYTES, SignalSent, SignalSentPayload
+
         if not isinstance(name, str) or not name.strip() or len(name) > 200 or not _text(name):
             raise ValueError(
                 "a signal name must be a non-empty string of <= 200 characters, without "
@@ -376,6 +373,8 @@ class Runtime(Resource):
         cancelled already, or is a fork with no run yet), ValueError for a ``reason``
         longer than 2,000 characters or holding NUL.
         """
+        from loomflow.schemas.events import RunCancelled, RunCancelledPayload
+
         if not isinstance(reason, str) or len(reason) > 2000 or not _text(reason):
             raise ValueError(
                 "a cancel's reason is a string of <= 2000 characters without NUL or lone "
@@ -420,6 +419,8 @@ class Runtime(Resource):
         Raises CheckpointNotFoundError when the checkpoint is not one of ``parent``'s,
         InvalidIdError when ``checkpoint_id`` is no id at all.
         """
+        from loomflow.schemas.events import SessionForkedPayload
+
         validate_id(checkpoint_id, "checkpoint id")
         state = await self.restore(parent, checkpoint_id)
         if state is None:
@@ -450,6 +451,8 @@ class Runtime(Resource):
         CheckpointNotFoundError for a checkpoint that is not ``parent``'s, InvalidIdError
         when ``session_id`` exists.
         """
+        from loomflow.schemas.events import SessionForked
+
         origin = await self.fork_origin(parent, checkpoint_id)
         child = Scope.of(new_id("sess") if session_id is None else session_id, parent.user_id)
         taken = InvalidIdError(f"fork target {child.describe()} already exists")
@@ -502,6 +505,8 @@ class Runtime(Resource):
         self, scope: Scope, checkpoint_id: str | None = None
     ) -> Checkpoint | None:
         """The full checkpoint (messages materialised), newest when id is None."""
+        from loomflow.schemas.checkpoints import Checkpoint
+
         ckpt = await self._store.checkpoint(scope, checkpoint_id)
         if ckpt is None:
             return None
@@ -528,6 +533,8 @@ class Runtime(Resource):
 
     async def list_checkpoints(self, scope: Scope, limit: int = 50) -> list[CheckpointMeta]:
         """Checkpoint metadata, newest first; never loads messages."""
+        from loomflow.schemas.checkpoints import CheckpointMeta
+
         if not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, not {limit!r}")
         rows = await self._store.list_checkpoints(scope, limit)

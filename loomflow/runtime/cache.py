@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from loomflow.schemas import (
-    Event,
-    Message,
-    SessionErased,
-    SessionForked,
-    TranscriptCompacted,
-    TurnAppended,
-)
 from loomflow.schemas.scope import Scope, scope_of
+
+if TYPE_CHECKING:
+    from loomflow.schemas import Event, Message
 
 __all__ = ["TranscriptCache"]
 
@@ -53,6 +49,13 @@ class TranscriptCache:
 
     def follow(self, events: Sequence[Event]) -> None:
         """Keep entries in step with events this store just appended."""
+        from loomflow.schemas.events import (
+            SessionErased,
+            SessionForked,
+            TranscriptCompacted,
+            TurnAppended,
+        )
+
         for event in events:
             key = scope_of(event)
             if isinstance(event, SessionForked | TranscriptCompacted):

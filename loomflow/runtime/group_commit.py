@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from loomflow.errors import (
     LoomflowError,
 )
 from loomflow.runtime.cache import TranscriptCache
-from loomflow.schemas import Event
 from loomflow.schemas.scope import Scope, scope_of
+
+if TYPE_CHECKING:
+    from loomflow.schemas import Event
 
 __all__ = ["GroupCommit", "Outcomes"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import os
 import sqlite3
@@ -13,17 +14,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import sqlite as sql
-from loomflow.projections.fold import PruneFilter
-from loomflow.projections.sqlite import SqliteThread
+from loomflow.projections.sqlite.thread import SqliteThread
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit, Outcomes
 from loomflow.runtime.store import DatabaseStore, PruneResult
-from loomflow.schemas import Event
-from loomflow.schemas.codec import Serializer
 from loomflow.schemas.scope import Scope
-from loomflow.schemas.sessions import SessionRecord
 
 if TYPE_CHECKING:
+    from loomflow.projections.fold import PruneFilter
+    from loomflow.schemas import Event
+    from loomflow.schemas.options import Serializer
+    from loomflow.schemas.sessions import SessionRecord
     from loomflow.settings import Settings
 
 __all__ = ["SqliteRuntime", "SqliteStore"]
@@ -92,12 +93,18 @@ class SqliteStore(DatabaseStore):
         #: it to one thread at a time (event loops of several threads may share a store)
         self._direct: sqlite3.Connection | None = None
         self._direct_lock = threading.Lock()
-        self._known = sql.KnownRows()
         self._since_checkpoint = 0
         self._checkpointing: concurrent.futures.Future[None] | None = None
         self._writes = GroupCommit(self._commit, self._cache, self._commit_now)
         #: the file opened, which each commit round checks the path still names
         self._file: sql.OpenedFile | None = None
+
+    @functools.cached_property
+    def _known(self) -> sql.KnownRows:
+        """The rows of this store's own last commits (see KnownRows), made with the first
+        commit on the event loop's connection: their module is the SQLite apply step's,
+        which a store not yet used does not load."""
+        return sql.KnownRows()
 
     def _open(self) -> sqlite3.Connection:
         if self.path.parent and not self.path.parent.exists():

@@ -6,33 +6,26 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from loomflow.errors import (
     SequenceConflictError,
 )
 from loomflow.lifecycle import Resource
-from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
 from loomflow.runtime.cache import TranscriptCache
-from loomflow.schemas import (
-    Event,
-    EventBase,
-    Message,
-    SessionErased,
-    new_id,
-    utcnow,
-    validate_id,
-)
-from loomflow.schemas.events import (
-    SessionErasedPayload,
-)
+from loomflow.schemas.clock import utcnow
+from loomflow.schemas.ids import new_id, validate_id
 from loomflow.schemas.scope import ANY_USER, Scope
-from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
-from loomflow.schemas.signing import Signer
+
+if TYPE_CHECKING:
+    from loomflow.projections.fold import CheckpointRow, PruneFilter, StepRow
+    from loomflow.schemas import Event, EventBase, Message
+    from loomflow.schemas.sessions import SessionCursor, SessionRecord, SessionTotals
+    from loomflow.schemas.signing import Signer
 
 __all__ = ["DatabaseStore", "EventStore", "PruneResult", "prune_filter"]
 
-E = TypeVar("E", bound=EventBase)
+E = TypeVar("E", bound="EventBase")
 
 
 @dataclass(frozen=True)
@@ -178,6 +171,8 @@ class EventStore(Resource, ABC):
 
     async def erase(self, session_id: str, *, user_id: str | None = None) -> bool:
         """Erase a session everywhere, leaving a tombstone; False if it did not exist."""
+        from loomflow.schemas.events import SessionErased, SessionErasedPayload
+
         scope = Scope.of(session_id, user_id)
         payload = SessionErasedPayload(reason="erase requested")
         return await self.append_admin(scope, SessionErased, payload) is not None
@@ -256,6 +251,8 @@ def prune_filter(before: datetime | None, session_id: str | None, user_id: Any) 
         validate_id(session_id, "session_id")
     if user_id is not ANY_USER and user_id is not None:
         validate_id(user_id, "user_id")
+    from loomflow.projections.fold import PruneFilter
+
     return PruneFilter(
         before=before,
         session_id=session_id,
@@ -335,6 +332,8 @@ class DatabaseStore(EventStore):
         first). ``after`` pages on: only the sessions after that cursor in this order are
         listed, so ``after=SessionCursor.of(page[-1])`` gives the next page.
         """
+        from loomflow.schemas.sessions import SessionCursor
+
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"limit must be a positive int, not {limit!r}")
         if after is not None and not isinstance(after, SessionCursor):
@@ -369,6 +368,8 @@ class DatabaseStore(EventStore):
         """How many sessions ``list_sessions`` with these filters lists in all, and their
         usage summed (tokens and cost); the filters mean what they mean there, and
         erased sessions are not counted."""
+        from loomflow.schemas.sessions import SessionTotals
+
         selected = _selection(user_id, status)
         if selected is None:
             return SessionTotals()

@@ -13,16 +13,12 @@ from loomflow.errors import (
     LoomflowError,
     StoreUnavailableError,
 )
-from loomflow.schemas import (
-    Event,
-    EventBase,
-    RunHeartbeat,
-)
-from loomflow.schemas.codec import Serializer
 from loomflow.schemas.scope import Scope
 
 if TYPE_CHECKING:
     from loomflow.runtime.store import EventStore
+    from loomflow.schemas import Event, EventBase
+    from loomflow.schemas.options import Serializer
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["SessionWriter", "WritePolicy"]
@@ -40,7 +36,7 @@ class WritePolicy:
 
 logger = logging.getLogger("loomflow.runtime")
 
-E = TypeVar("E", bound=EventBase)
+E = TypeVar("E", bound="EventBase")
 T = TypeVar("T")
 
 #: the least time a write is given before it counts as failed, whatever is left of the
@@ -119,6 +115,8 @@ class SessionWriter:
         """Append a heartbeat whenever the run has been silent for ``interval`` seconds
         (a long model call, a slow tool), so that no worker takes it for abandoned; runs
         until cancelled, or until the session is no longer this writer's."""
+        from loomflow.schemas.events import RunHeartbeat
+
         loop = asyncio.get_running_loop()
         while True:
             due = self._last_write + interval - loop.time()
@@ -153,7 +151,7 @@ class SessionWriter:
     def stage(self, cls: type[E], payload: Any) -> E:
         """Build an event that the next ``emit`` appends in front of its own."""
         event = self.make(cls, payload)
-        self._staged.append(cast(Event, event))
+        self._staged.append(cast("Event", event))
         self.next_seq += 1
         return event
 
@@ -185,7 +183,7 @@ class SessionWriter:
         ahead = [e for e in self._unacked if e.event_id not in self._optional]
         self._optional = {e.event_id for e in staged}  # if this is a send, sent ahead too
         event = self.make(cls, payload)
-        batch = [*staged, cast(Event, event)]
+        batch = [*staged, cast("Event", event)]
         failures = 0
         while True:
             try:
@@ -223,7 +221,7 @@ class SessionWriter:
             lost = [e for e in ahead if e.seq >= self.next_seq]
             ahead = [self.make(type(e), e.payload, offset=k) for k, e in enumerate(lost)]
             event = self.make(cls, payload, offset=len(ahead))
-            batch = [*ahead, cast(Event, event)]
+            batch = [*ahead, cast("Event", event)]
 
     async def _recover(self, give_up: float) -> list[Event]:
         """Learn what the failed write left in the log, waiting (with backoff) while the

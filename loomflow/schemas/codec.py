@@ -16,7 +16,7 @@ import pickle
 import uuid
 from collections.abc import Callable
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -28,8 +28,10 @@ from loomflow.errors import (
     UnsafeDeserializationError,
 )
 from loomflow.schemas.events import MAX_EVENT_BYTES, Event, event_adapter
+from loomflow.schemas.options import Serializer
 
 __all__ = [
+    "Serializer",
     "decode_event",
     "decode_value",
     "dumps",
@@ -41,7 +43,6 @@ __all__ = [
 ]
 
 _TAG = "__lf__"
-Serializer = Literal["json", "pickle"]
 
 
 def dumps(value: Any) -> bytes:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.ids import Id, new_id
 from loomflow.schemas.messages import Message, Role, Usage
+from loomflow.schemas.options import DEFAULT_LEASE_SECONDS
 
 __all__ = [
     "CLAIM_TYPES",
@@ -52,9 +53,6 @@ __all__ = [
 
 EVENT_SCHEMA_VERSION = 1
 MAX_EVENT_BYTES = 8 * 1024 * 1024
-#: how long a run's writer may stay silent before its run counts as abandoned (a worker
-#: may then resume it); the writer sends a heartbeat after a third of it without an event
-DEFAULT_LEASE_SECONDS = 30.0
 #: the largest signal payload, as JSON
 MAX_SIGNAL_BYTES = 64 * 1024
 

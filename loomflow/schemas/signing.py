@@ -41,6 +41,7 @@ import orjson
 from loomflow.errors import SignatureError, SigningKeyError
 from loomflow.schemas.clock import utcnow
 from loomflow.schemas.events import EventBase, Signature
+from loomflow.schemas.options import SignatureMode
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -75,10 +76,6 @@ DIGEST_DOMAIN = b"loomflow.digest.v1\n"
 #: what a key of a keyring may sign
 Role = Literal["events", "digests"]
 ROLES: tuple[Role, ...] = ("events", "digests")
-
-#: ``off``: signatures are not looked at; ``check``: a missing or bad one is counted and
-#: the event accepted; ``require``: it is refused
-SignatureMode = Literal["off", "check", "require"]
 
 
 def signed_bytes(event: EventBase) -> bytes:

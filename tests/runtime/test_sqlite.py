@@ -107,6 +107,45 @@ async def test_wal_mode_and_reads_off_the_event_loop(tmp_path: Path) -> None:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_runtime_not_yet_used_loads_neither_the_fold_nor_its_sql(tmp_path: Path) -> None:
+    # ``import loomflow`` and ``SqliteRuntime(path)`` is what every embedded process pays
+    # at its start (bench.scaled's import target, <= 150 ms): the event models, the fold,
+    # the SQLite dialect's reads and writes and the in-process runtime load with the first
+    # run, which works
+    code = (
+        "import asyncio, sys\n"
+        "import loomflow\n"
+        "from loomflow import SqliteRuntime\n"
+        f"runtime = SqliteRuntime({str(tmp_path / 'journal.db')!r})\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+        "from tests.support.scenario import Research\n"
+        "result = asyncio.run(Research(passes=1).agent(runtime).run('Go.', session_id='s1'))\n"
+        "print(result.turns)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    modules, turns = done.stdout.splitlines()
+    deferred = {
+        "loomflow.schemas.checkpoints",
+        "loomflow.schemas.codec",
+        "loomflow.schemas.events",
+        "loomflow.schemas.messages",
+        "loomflow.schemas.sessions",
+        "loomflow.schemas.signing",
+        "loomflow.projections.fold",
+        "loomflow.projections.sqlite.reads",
+        "loomflow.projections.sqlite.schema",
+        "loomflow.projections.sqlite.writes",
+        "loomflow.runtime.inproc",
+        "loomflow.runtime.journal",
+    }
+    assert sorted(deferred & set(modules.split())) == []
+    assert int(turns) >= 1
+
+
 async def test_a_file_that_is_not_a_database_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_text("these are my notes, not a database\n" * 100)
