@@ -142,7 +142,7 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
             created_at=event.at,
             updated_at=event.at,
         )
-    elif (session.user_id, session.session_id) != (event.user_id, event.session_id):
+    elif session.session_id != event.session_id or session.user_id != event.user_id:
         raise InvalidEventError(
             f"event for session {event.session_id!r} (user {event.user_id!r}) folded into "
             f"session {session.session_id!r} (user {session.user_id!r})"
@@ -160,6 +160,38 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
     changes: dict[str, Any] = {"last_seq": event.seq, "epoch": event.epoch, "updated_at": event.at}
     mutations: list[Mutation] = []
     match event:
+        # most of a log is turns and checkpoints: their cases first, each case tried
+        # costs an isinstance
+        case TurnAppended(payload=p):
+            changes.update(
+                turns=session.turns + int(p.model_call),
+                usage=session.usage + p.usage,
+                message_count=session.message_count + len(p.messages),
+            )
+            if p.model_call:
+                changes.update(spent_calls=session.spent_calls + 1, spent=session.spent + p.usage)
+                if session.waiting is not None:
+                    changes["waiting"] = None  # the resumed run went on past where it waited
+                if session.attempts:
+                    changes["attempts"] = 0  # a take-over that makes progress is no failure
+            mutations.append(AddTranscript(event.seq, False, p.messages))
+        case CheckpointWritten(payload=p):
+            mutations.append(
+                PutCheckpoint(
+                    CheckpointRow(
+                        checkpoint_id=p.checkpoint_id,
+                        seq=event.seq,
+                        base_seq=session.base_seq,
+                        turn=p.turn,
+                        message_count=p.message_count,
+                        cumulative_usage=p.cumulative_usage,
+                        cursor=p.cursor,
+                        created_at=event.at,
+                    )
+                )
+            )
+            if p.retain >= 1:
+                mutations.append(RetainCheckpoints(p.retain))
         case RunStarted(payload=p):
             # ``waiting`` stays: the resumed run reads where its predecessor waited
             taken = p.worker is not None
@@ -214,19 +246,6 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
                 and (waiting.until is None or event.at < waiting.until)
             ):
                 changes["status"] = "signalled"
-        case TurnAppended(payload=p):
-            changes.update(
-                turns=session.turns + int(p.model_call),
-                usage=session.usage + p.usage,
-                message_count=session.message_count + len(p.messages),
-            )
-            if p.model_call:
-                changes.update(spent_calls=session.spent_calls + 1, spent=session.spent + p.usage)
-                if session.waiting is not None:
-                    changes["waiting"] = None  # the resumed run went on past where it waited
-                if session.attempts:
-                    changes["attempts"] = 0  # a take-over that makes progress is no failure
-            mutations.append(AddTranscript(event.seq, False, p.messages))
         case TranscriptCompacted(payload=p):
             changes.update(
                 usage=session.usage + p.usage,
@@ -256,23 +275,6 @@ def fold(session: SessionRecord | None, event: Event) -> tuple[SessionRecord, li
                     StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
                 )
             )
-        case CheckpointWritten(payload=p):
-            mutations.append(
-                PutCheckpoint(
-                    CheckpointRow(
-                        checkpoint_id=p.checkpoint_id,
-                        seq=event.seq,
-                        base_seq=session.base_seq,
-                        turn=p.turn,
-                        message_count=p.message_count,
-                        cumulative_usage=p.cumulative_usage,
-                        cursor=p.cursor,
-                        created_at=event.at,
-                    )
-                )
-            )
-            if p.retain >= 1:
-                mutations.append(RetainCheckpoints(p.retain))
         case CheckpointsPruned(payload=p):
             mutations.append(DeleteCheckpoints(p.checkpoint_ids))
         case SessionErased():
@@ -358,7 +360,7 @@ def project(
         ):
             continue
         folded, mutations = fold(row, event)
-        if any(isinstance(m, EraseSession) for m in mutations):
+        if EraseSession in map(type, mutations):
             held = {k: v for k, v in held.items() if k[0] != key}
         held[(key, event.seq)] = event.event_id
         current[key] = changed[key] = folded

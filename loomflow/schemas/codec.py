@@ -109,7 +109,8 @@ def decode_event(data: bytes | str | dict[str, Any]) -> Event:
         except orjson.JSONDecodeError as exc:
             raise InvalidEventError(f"invalid event: Invalid JSON: {exc}") from exc
     try:
-        event = event_adapter().validate_python(data)
+        # the adapter's own validator: TypeAdapter.validate_python only passes its options on
+        event: Event = event_adapter().validator.validate_python(data)
     except ValidationError as exc:
         raise InvalidEventError(f"invalid event: {_short(exc)}") from exc
     if max(event.seq, event.epoch) > _INT64_SIGNED:  # what SQLite and PostgreSQL store
@@ -144,7 +145,8 @@ def _in_utc(moment: dt.datetime | None, what: str) -> None:
     if offset is None:
         raise InvalidEventError(f"invalid event: {what} {moment.isoformat()} has no time zone")
     if not offset:  # in UTC already, as writers date events: nothing to convert
-        inside = _EARLIEST < moment < _LATEST
+        # the year alone settles it but at the two ends (cheaper than comparing times)
+        inside = 1 < moment.year < 9999 or _EARLIEST < moment < _LATEST
     else:
         try:
             inside = _EARLIEST < moment.astimezone(dt.UTC) < _LATEST

@@ -365,7 +365,12 @@ async def latest_snapshots(
     conn: asyncpg.Connection, schema: str, wanted: Sequence[tuple[str | None, str, str]]
 ) -> list[tuple[str | None, str, CheckpointRow, list[str]]]:
     """For each (user, session, checkpoint id) that still exists: the checkpoint row and
-    the payload JSON of its transcript events in seq order. Two statements for them all.
+    the JSON of its transcript events' message arrays in seq order, as their payloads
+    hold it. Two statements for them all.
+
+    PostgreSQL cuts each array out of its payload (the column is ``json``: the text is
+    the stored one), so a snapshot is made by joining them, without parsing every
+    message of a transcript again here.
     """
     if not wanted:
         return []
@@ -383,7 +388,7 @@ async def latest_snapshots(
         return []
     keys = sorted(found)
     parts = await conn.fetch(
-        f"SELECT e.user_id, e.session_id, e.payload::text FROM {s}.events e "
+        f"SELECT e.user_id, e.session_id, (e.payload -> 'messages')::text FROM {s}.events e "
         "JOIN unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS w(u, s, lo, hi) "
         "ON e.user_id = w.u AND e.session_id = w.s AND e.seq >= w.lo AND e.seq <= w.hi "
         "WHERE e.type = ANY($5::text[]) ORDER BY e.user_id, e.session_id, e.seq",
