@@ -147,10 +147,20 @@ def test_the_import_probe_names_the_heavy_modules_loaded() -> None:
     assert timed.verdict == "MISSED" and none.met is True
 
 
+def test_the_import_is_timed_with_loomflow_compiled_once_as_an_installed_package_has_it(
+    tmp_path: Path,
+) -> None:
+    code = "import loomflow.settings"
+    scaled._wall_ms(code, scaled._bytecode_env(tmp_path))
+    cached = {p.name.split(".")[0] for p in tmp_path.rglob("loomflow/**/*.pyc")}
+    assert {"__init__", "settings"} <= cached
+
+
 @pytest.mark.slow
 def test_the_import_is_timed_over_a_bare_interpreter() -> None:
     result = scaled.measure_import(2)
     assert result["import_ms"] == result["lean_ms"] - result["bare_ms"]
+    assert result["bytecode"] == "cached"
     assert result["lean_ms"] > 0 and result["bare_ms"] > 0
     assert set(result["heavy"]) <= set(scaled.HEAVY)
 
