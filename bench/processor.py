@@ -36,7 +36,9 @@ projector): latency from the send and from the ack to that NOTIFY.
 
 Every measurement runs in a fresh coordinator process (which starts fresh workers) on
 its own topics and schema, both deleted at the end; this parent schedules them and prints
-the median and (min-max) over repetitions.
+the median and (min-max) over repetitions. The coordinator's own garbage collector is off
+while a case's clock runs (``measuring_window``): its pauses would count as the
+projector's time.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import contextlib
 import cProfile
+import gc
 import json
 import os
 import platform
@@ -54,7 +58,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -543,6 +547,27 @@ def signing_keys(directory: Path) -> tuple[Any, dict[str, str]]:
     return signer, {"LOOMFLOW_KEYRING": str(keyring), "LOOMFLOW_SIGNATURES": "require"}
 
 
+@contextlib.contextmanager
+def measuring_window() -> Iterator[None]:
+    """The clock of a case, run with this coordinator's garbage collector off.
+
+    The coordinator stands in for the agents that append and for the reader that hears
+    each NOTIFY; its own pauses are not the projector's. Its full collections (of the
+    ~20,000 events and tasks of the lag case) paused it 300-360 ms, gc.callbacks showed
+    (2026-12-05), and every event in flight counted the pause as lag: the lag max, and
+    most of the p99 above 25 ms. The workers keep the collector ``loomflow processor``
+    runs with. A collection before the window clears what building the events left.
+    """
+    enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 async def throughput(
     total: int, workers: int, profile: Path | None, snapshots: bool, signatures: str = "off"
 ) -> dict[str, Any]:
@@ -581,15 +606,16 @@ async def throughput(
         assigned = await crew.start()
         await watch.start()
         watch.expect(ends)
-        cpu0 = cpu_seconds_by_command()
-        t0 = time.perf_counter()
-        await crew.tell("go")
-        await asyncio.wait_for(watch.reached.wait(), DONE_TIMEOUT_S)
-        projected = time.perf_counter()
-        if env.snapshots:
-            await crew.flush()  # the clock stops once the snapshots are out too
-        t1 = time.perf_counter()
-        cpu1 = cpu_seconds_by_command()
+        with measuring_window():
+            cpu0 = cpu_seconds_by_command()
+            t0 = time.perf_counter()
+            await crew.tell("go")
+            await asyncio.wait_for(watch.reached.wait(), DONE_TIMEOUT_S)
+            projected = time.perf_counter()
+            if env.snapshots:
+                await crew.flush()  # the clock stops once the snapshots are out too
+            t1 = time.perf_counter()
+            cpu1 = cpu_seconds_by_command()
         reports = await crew.stop()
         counts = await env.counts()
         snapshot_problems = await check_snapshots(env, latest) if env.snapshots else []
@@ -687,21 +713,22 @@ async def lag(rate: float, seconds: float, profile: Path | None, snapshots: bool
             (position,) = await producer.acked(pending)
             sent.append((t_send, time.perf_counter(), position.partition, position.offset))
 
-        tasks = []
-        cpu0 = cpu_seconds_by_command()
-        started = time.perf_counter()
-        for i, event in enumerate(events):
-            delay = started + i / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(append(event)))
-        await asyncio.gather(*tasks)
-        produced_s = time.perf_counter() - started
-        for _, _, partition, offset in sent:
-            ends[partition] = max(ends.get(partition, 0), offset + 1)
-        watch.expect(ends)
-        await asyncio.wait_for(watch.reached.wait(), 120)
-        cpu1 = cpu_seconds_by_command()
+        with measuring_window():
+            tasks = []
+            cpu0 = cpu_seconds_by_command()
+            started = time.perf_counter()
+            for i, event in enumerate(events):
+                delay = started + i / rate - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(append(event)))
+            await asyncio.gather(*tasks)
+            produced_s = time.perf_counter() - started
+            for _, _, partition, offset in sent:
+                ends[partition] = max(ends.get(partition, 0), offset + 1)
+            watch.expect(ends)
+            await asyncio.wait_for(watch.reached.wait(), 120)
+            cpu1 = cpu_seconds_by_command()
         reports = await crew.stop()
         counts = await env.counts()
     finally:
@@ -770,21 +797,22 @@ async def single(count: int, profile: Path | None, snapshots: bool) -> dict[str,
         watch.expect(ends)
         await asyncio.wait_for(watch.reached.wait(), 60)
 
-        timed: list[tuple[float, float, float]] = []  # send, ack, committed
-        cpu0 = cpu_seconds_by_command()
-        started = time.perf_counter()
-        for event in events:
-            t_send = time.perf_counter()
-            (position,) = await producer.send([event])
-            t_ack = time.perf_counter()
-            ends[position.partition] = position.offset + 1
-            watch.expect(ends)
-            await asyncio.wait_for(watch.reached.wait(), 30)
-            committed = watch.committed_at(position.partition, position.offset)
-            assert committed is not None, "waited for it above"
-            timed.append((t_send, t_ack, committed))
-        elapsed = time.perf_counter() - started
-        cpu1 = cpu_seconds_by_command()
+        with measuring_window():
+            timed: list[tuple[float, float, float]] = []  # send, ack, committed
+            cpu0 = cpu_seconds_by_command()
+            started = time.perf_counter()
+            for event in events:
+                t_send = time.perf_counter()
+                (position,) = await producer.send([event])
+                t_ack = time.perf_counter()
+                ends[position.partition] = position.offset + 1
+                watch.expect(ends)
+                await asyncio.wait_for(watch.reached.wait(), 30)
+                committed = watch.committed_at(position.partition, position.offset)
+                assert committed is not None, "waited for it above"
+                timed.append((t_send, t_ack, committed))
+            elapsed = time.perf_counter() - started
+            cpu1 = cpu_seconds_by_command()
         reports = await crew.stop()
         counts = await env.counts()
     finally:

@@ -28,9 +28,12 @@ medians of this run) and met / MISSED:
   loomflow import SqliteRuntime; SqliteRuntime(path)`` and as many of ``python -c pass``,
   alternated; the figure is the difference of their median walls, the compiled modules
   cached (in a cache of this run's own, written by one untimed run first) as an installed
-  package has them, whether or not the environment sets PYTHONDONTWRITEBYTECODE. One more
-  process reports which of ``HEAVY`` that code left in ``sys.modules``. Targets: <= 150
-  ms, none loaded.
+  package has them, whether or not the environment sets PYTHONDONTWRITEBYTECODE. A third
+  process, alternated with those, imports only the libraries that code cannot do without
+  (``FLOOR_CODE``: sqlite3, asyncio, pydantic and pydantic-settings): its wall over the
+  bare one is the libraries' floor, the rest loomflow's own share, so a miss says which
+  bounds it. One more process reports which of ``HEAVY`` that code left in
+  ``sys.modules``. Targets: <= 150 ms, none loaded.
 - ``http``: ``bench.turn --variants http --stores lf-sqlite,lf020-sqlite`` (the spec's code,
   each implementation's Anthropic adapter against the bench's local Messages API; 0.20.0
   from the peers venv) over ``--turns`` user turns. Target: lf-sqlite per turn <= 0.5x
@@ -73,10 +76,17 @@ HTTP_STORES = ("lf-sqlite", turn.PEER)
 COLD_STORES = ("lf-sqlite", "lg-sqlite")
 #: modules the lean import must not load
 #: (pydantic-settings is not among them: it is the one reader of configuration every
-#: process uses, a runtime's constructor included, and costs ~15 ms of the import)
+#: process uses, a runtime's constructor included; its cost is in FLOOR_CODE's)
 HEAVY = ("aiokafka", "asyncpg", "anthropic", "opentelemetry", "faust", "httpx", "cryptography")
 IMPORT_CODE = (
     "import loomflow\nfrom loomflow import SqliteRuntime\nSqliteRuntime({path!r})\n{probe}"
+)
+#: the libraries IMPORT_CODE cannot do without, imported alone: the import's floor (the
+#: file is opened by sqlite3, the event loop is asyncio's, every record and the settings
+#: are pydantic models, the settings read by pydantic-settings)
+FLOOR_CODE = (
+    "import sqlite3, asyncio\nfrom pydantic import BaseModel, TypeAdapter\n"
+    "from pydantic_settings import BaseSettings"
 )
 PROBE = "import sys\nprint(' '.join(m for m in {heavy!r} if m in sys.modules))"
 PART_TIMEOUT_S = 3 * 3600
@@ -233,6 +243,11 @@ def import_targets(data: dict[str, Any] | None, why: str = "not run") -> list[Ta
         return [_missing(n, why) for n in names]
     ms = data["import_ms"]
     figure = f"{ms:.0f} ms ({data['lean_ms']:.0f} - {data['bare_ms']:.0f} ms, {data['runs']} runs)"
+    if data.get("floor_ms") is not None:  # older JSON has no floor
+        figure += (
+            f"; the libraries alone {data['libraries_ms']:.0f} ms, loomflow's own "
+            f"{data['own_ms']:.0f} ms"
+        )
     heavy = data["heavy"]
     return [
         Target(names[0], figure, ms <= 150),
@@ -333,34 +348,45 @@ def _bytecode_env(cache: Path) -> dict[str, str]:
     return env
 
 
-def heavy_modules(code: str) -> list[str]:
-    """Which of ``HEAVY`` are in ``sys.modules`` after ``code`` ran in a fresh process."""
-    probe = code + "\n" + PROBE.format(heavy=HEAVY)
+def _run_probe(code: str) -> list[str]:
+    """The words ``code`` printed, run in a fresh process."""
     done = subprocess.run(
-        [sys.executable, "-c", probe], check=True, cwd=REPO, capture_output=True, text=True
+        [sys.executable, "-c", code], check=True, cwd=REPO, capture_output=True, text=True
     )
     return done.stdout.split()
 
 
+def heavy_modules(code: str) -> list[str]:
+    """Which of ``HEAVY`` are in ``sys.modules`` after ``code`` ran in a fresh process."""
+    return _run_probe(code + "\n" + PROBE.format(heavy=HEAVY))
+
+
 def measure_import(runs: int) -> dict[str, Any]:
-    """The lean import's wall over a bare interpreter's: medians of ``runs`` of each, the
-    compiled modules cached as an installed package has them."""
+    """The lean import's wall over a bare interpreter's, and the libraries' floor
+    (``FLOOR_CODE``) between them: medians of ``runs`` of each, the compiled modules
+    cached as an installed package has them."""
     with tempfile.TemporaryDirectory(prefix="lf-bench-import-") as tmp:
         code = IMPORT_CODE.format(path=str(Path(tmp) / "lf.db"), probe="")
         env = _bytecode_env(Path(tmp) / "pycache")
         _wall_ms(code, env)  # writes the cache, untimed
         bare: list[float] = []
+        floor: list[float] = []
         lean: list[float] = []
-        for _ in range(runs):  # alternated, so drifting load hits both alike
+        for _ in range(runs):  # alternated, so drifting load hits all alike
             bare.append(_wall_ms("pass", env))
+            floor.append(_wall_ms(FLOOR_CODE, env))
             lean.append(_wall_ms(code, env))
         heavy = heavy_modules(code)
     bare_ms, lean_ms = statistics.median(bare), statistics.median(lean)
+    floor_ms = statistics.median(floor)
     return {
         "runs": runs,
         "bare_ms": bare_ms,
         "lean_ms": lean_ms,
         "import_ms": lean_ms - bare_ms,
+        "floor_ms": floor_ms,
+        "libraries_ms": floor_ms - bare_ms,
+        "own_ms": lean_ms - floor_ms,
         "heavy": heavy,
         "bytecode": "cached",
         "loadavg_1m": os.getloadavg()[0],

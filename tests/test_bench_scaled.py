@@ -145,6 +145,33 @@ def test_the_import_probe_names_the_heavy_modules_loaded() -> None:
         {"import_ms": 180.0, "lean_ms": 200.0, "bare_ms": 20.0, "runs": 5, "heavy": []}
     )
     assert timed.verdict == "MISSED" and none.met is True
+    assert "libraries alone" not in timed.figure  # a JSON of before the floor was measured
+    timed, _ = scaled.import_targets(
+        {
+            "import_ms": 180.0,
+            "lean_ms": 200.0,
+            "bare_ms": 20.0,
+            "floor_ms": 170.0,
+            "libraries_ms": 150.0,
+            "own_ms": 30.0,
+            "runs": 5,
+            "heavy": [],
+        }
+    )
+    assert "the libraries alone 150 ms, loomflow's own 30 ms" in timed.figure
+
+
+def test_the_floor_imports_what_the_lean_import_needs_and_nothing_of_loomflow() -> None:
+    probe = (
+        "import sys\nprint(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('pydantic', 'pydantic_settings', 'sqlite3', 'asyncio', 'loomflow'))))"
+    )
+    floor = set(scaled._run_probe(scaled.FLOOR_CODE + "\n" + probe))
+    lean = set(scaled._run_probe(scaled.IMPORT_CODE.format(path=":memory:", probe="") + probe))
+    tops = {m.split(".")[0] for m in floor}
+    assert tops == {"pydantic", "pydantic_settings", "sqlite3", "asyncio"}
+    # the floor loads no more of these libraries than the lean import itself does
+    assert floor - lean == set()
 
 
 def test_the_import_is_timed_with_loomflow_compiled_once_as_an_installed_package_has_it(
@@ -160,6 +187,8 @@ def test_the_import_is_timed_with_loomflow_compiled_once_as_an_installed_package
 def test_the_import_is_timed_over_a_bare_interpreter() -> None:
     result = scaled.measure_import(2)
     assert result["import_ms"] == result["lean_ms"] - result["bare_ms"]
+    assert result["libraries_ms"] == result["floor_ms"] - result["bare_ms"]
+    assert result["own_ms"] == result["lean_ms"] - result["floor_ms"]
     assert result["bytecode"] == "cached"
     assert result["lean_ms"] > 0 and result["bare_ms"] > 0
     assert set(result["heavy"]) <= set(scaled.HEAVY)
