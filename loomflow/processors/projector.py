@@ -40,9 +40,12 @@ from loomflow.processors.snapshots import SnapshotPublisher
 from loomflow.producers import EventProducer, Topics
 from loomflow.producers.topics import started
 from loomflow.projections import postgres as pg
+from loomflow.projections.apply import scopes
 from loomflow.projections.postgres import DeadLetterRow, store_error
 from loomflow.schemas import Event
 from loomflow.schemas.events import CLAIM_TYPES, MAX_EVENT_BYTES
+from loomflow.schemas.scope import Scope
+from loomflow.schemas.sessions import SessionRecord
 from loomflow.schemas.signing import NO_SIGNATURES, Signatures
 from loomflow.settings import Settings
 
@@ -142,9 +145,9 @@ def _reason(exc: BaseException) -> str:
     return f"PostgreSQL refused it ({type(exc).__name__}): {exc}"
 
 
-def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> list[str]:
-    """What runtimes listening on the schema must hear: new epochs and refused events."""
-    notes = [
+def _claim_notes(applied: Sequence[Event]) -> list[str]:
+    """What runtimes listening on the schema must hear of applied events: new epochs."""
+    return [
         orjson.dumps(
             {
                 "u": event.user_id,
@@ -154,9 +157,14 @@ def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> lis
                 "cancelled": event.type == "run.cancelled",
             }
         ).decode()
-        for event in outcome.applied
+        for event in applied
         if event.type in _CLAIMS
     ]
+
+
+def _notes(outcome: _Outcome, refused: list[tuple[Event, DeadLetterRow]]) -> list[str]:
+    """What runtimes listening on the schema must hear: new epochs and refused events."""
+    notes = _claim_notes(outcome.applied)
     notes.extend(
         orjson.dumps(
             {
@@ -184,6 +192,7 @@ async def apply_records(
     batches: Mapping[TopicPartition, Sequence[Any]],
     signatures: Signatures = NO_SIGNATURES,
     pool: CheckPool | None = None,
+    known: dict[Scope, SessionRecord] | None = None,
 ) -> _Outcome:
     """Fold partitions' records into the read model with each partition's next offset,
     in one transaction of its own (a savepoint when the caller has one open).
@@ -200,6 +209,11 @@ async def apply_records(
     The whole batch goes in one transaction with no savepoint (each costs two round trips,
     and a runtime's claim waits for this one); only when something in it is refused is
     it rolled back and applied again, each event in a savepoint, so that it fails alone.
+
+    ``known`` holds the session rows of this caller's own last batches (the projector's,
+    for the partitions it holds), kept up to date: a small batch of known sessions that
+    nothing refuses goes in one guarded statement with its positions and notes, one
+    round trip where a transaction costs five (see ``pg.apply_known``).
     """
     outcome = _Outcome()
     candidates: list[tuple[Event, TopicPartition, Any]] = []
@@ -217,14 +231,20 @@ async def apply_records(
     refused: list[tuple[Event, DeadLetterRow]] = []
     candidates = await _checked(candidates, signatures, pool, outcome, refused)
     events = [event for event, _, _ in candidates]
+    if known is not None:
+        if await _apply_known(conn, schema, consumer, batches, events, payloads, known, outcome):
+            return outcome
+        for scope in scopes(events):  # this batch decides their rows anew
+            known.pop(scope, None)
     try:
         async with conn.transaction():  # the whole batch at once: the common case
             try:
-                await pg.apply_events(conn, schema, events, payloads)
+                changed = await pg.apply_events(conn, schema, events, payloads)
             except _REFUSED as exc:
                 raise _Refused from exc
             outcome.applied.extend(events)
             await _close(conn, schema, consumer, batches, outcome, refused)
+        pg.remember(known, changed)
         return outcome
     except _Refused:
         pass
@@ -241,6 +261,43 @@ async def apply_records(
                 outcome.applied.append(event)
         await _close(conn, schema, consumer, batches, outcome, refused)
     return outcome
+
+
+#: batches of up to this many events may go in one guarded statement (``_apply_known``);
+#: larger ones are what COPY and the waves of a transaction are for
+_KNOWN_UP_TO = 16
+
+
+async def _apply_known(
+    conn: asyncpg.Connection,
+    schema: str,
+    consumer: str,
+    batches: Mapping[TopicPartition, Sequence[Any]],
+    events: list[Event],
+    payloads: Mapping[int, str],
+    known: dict[Scope, SessionRecord],
+    outcome: _Outcome,
+) -> bool:
+    """Apply a small batch folded from ``known`` rows, its positions and notes in the same
+    statement; False (nothing written) when it cannot go that way: dead letters to write,
+    several topics, an unknown session, a refusal, a change beyond the log, the session
+    rows and a checkpoint, or a row that moved on."""
+    topics = {tp.topic for tp in batches}
+    if outcome.dead or not events or len(events) > _KNOWN_UP_TO or len(topics) != 1:
+        return False
+    positions = pg.Positions(
+        consumer,
+        topics.pop(),
+        {tp.partition: records[-1].offset + 1 for tp, records in batches.items()},
+        _claim_notes(events),
+    )
+    try:
+        written = await pg.apply_known(conn, schema, events, known, payloads, positions)
+    except _REFUSED:
+        return False  # the transaction's way finds the event to blame
+    if written:
+        outcome.applied.extend(events)
+    return written
 
 
 async def _checked(
@@ -445,6 +502,8 @@ class Projector:
         #: nothing is fetched until it is back at the positions stored in PostgreSQL
         self._resync = False
         self._lanes: dict[int, _Lane] = {}
+        #: the session rows of this worker's own last batches (apply_records' ``known``)
+        self._known: dict[Scope, SessionRecord] = {}
         self._lane_failure: BaseException | None = None
         self._drained = asyncio.Event()
         #: a partition with this many fetches' worth of records queued is not fetched
@@ -730,6 +789,7 @@ class Projector:
         """Drop what the lanes hold of ``partitions`` and let the transactions in flight
         finish (they commit or fail whole: either way consistent)."""
         gone = set(partitions)
+        self._known.clear()  # another worker may write these sessions next
         for lane in self._lanes.values():
             for tp in gone & set(lane.pending):
                 del lane.pending[tp]
@@ -764,7 +824,13 @@ class Projector:
         assert self._pool is not None
         async with self._pool.acquire() as conn:
             outcome = await apply_records(
-                conn, self.schema, self.group_id, batches, self.signatures, self._checks
+                conn,
+                self.schema,
+                self.group_id,
+                batches,
+                self.signatures,
+                self._checks,
+                self._known,
             )
         self.applied += len(outcome.applied)
         self.dead_lettered += len(outcome.dead)

@@ -19,6 +19,7 @@ from loomflow.projections import postgres as pg
 from loomflow.runtime.postgres import PostgresStore
 from loomflow.schemas import Usage
 from loomflow.schemas.events import EventBase
+from loomflow.schemas.scope import Scope
 from loomflow.testing import SessionLog
 from tests.support.kafka_env import KafkaEnv, session_events
 from tests.support.services import postgres_dsn
@@ -40,6 +41,23 @@ def _records(events: Sequence[EventBase], first: int = 0) -> list[Any]:
     ]
 
 
+class _Heard:
+    """What a listener heard on a schema's sessions and positions channels."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str]] = []
+        self.both = asyncio.Event()  # set once two notifications came
+
+    def __call__(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        self.items.append((channel, payload))
+        if len(self.items) == 2:
+            self.both.set()
+
+    async def listen(self, listener: asyncpg.Connection, schema: str) -> None:
+        for channel in (pg.sessions_channel(schema), pg.positions_channel(schema)):
+            await listener.add_listener(channel, self)
+
+
 @pytest.fixture
 async def schema() -> AsyncIterator[str]:
     name = f"lf_test_batch_{secrets.token_hex(4)}"
@@ -58,26 +76,18 @@ async def test_a_lone_claim_is_applied_without_savepoints_and_heard_with_its_pos
 ) -> None:
     """A runtime's claim waits for this batch: its statements are the round trips it pays."""
     warm, claim = SessionLog("s0", "ada").claim(), SessionLog("s1", "ada").claim()
-    heard: list[tuple[str, str]] = []
-    both = asyncio.Event()
-
-    def listen(_conn: Any, _pid: int, channel: str, payload: str) -> None:
-        heard.append((channel, payload))
-        if len(heard) == 2:
-            both.set()
-
+    heard = _Heard()
     listener = await asyncpg.connect(postgres_dsn())
     conn = await asyncpg.connect(postgres_dsn())
     try:
         # a first batch: asyncpg's look-up of the types is its own, once a connection
         await apply_records(conn, schema, "g", {TopicPartition("t", 0): _records([warm])})
-        for channel in (pg.sessions_channel(schema), pg.positions_channel(schema)):
-            await listener.add_listener(channel, listen)
+        await heard.listen(listener, schema)
         statements: list[str] = []
         conn.add_query_logger(lambda record: statements.append(record.query))
         batch = {TopicPartition("t", 0): _records([claim], first=41)}
         outcome = await apply_records(conn, schema, "g", batch)
-        await asyncio.wait_for(both.wait(), 10)
+        await asyncio.wait_for(heard.both.wait(), 10)
     finally:
         await conn.close()
         await listener.close()
@@ -85,13 +95,123 @@ async def test_a_lone_claim_is_applied_without_savepoints_and_heard_with_its_pos
     # begin, the session's lock, its log and session rows, the notes and position, commit
     assert not [s for s in statements if "SAVEPOINT" in s.upper()]
     assert len(statements) == 5, statements
-    (_, note), (_, position) = heard
-    assert [channel for channel, _ in heard] == [
+    (_, note), (_, position) = heard.items
+    assert [channel for channel, _ in heard.items] == [
         pg.sessions_channel(schema),
         pg.positions_channel(schema),
     ]
     assert '"s":"s1"' in note and '"epoch":1' in note
     assert position == "g:t:0:42"
+
+
+@pytest.mark.postgres
+async def test_a_known_sessions_next_batch_is_one_statement_with_its_notes_and_position(
+    schema: str,
+) -> None:
+    """The projector remembers the rows of its own batches: a session's next claim, turn
+    and checkpoint (what a run's pass sends) are folded from them and written with their
+    position and notes in one guarded statement, heard as the transaction's way is."""
+    log = SessionLog("s1", "ada")
+    first = [log.claim(), log.turn("one")]
+    claim, turn, ckpt = log.claim(), log.turn("two"), log.checkpoint(retain=1)
+    known: dict[Any, Any] = {}
+    heard = _Heard()
+    listener = await asyncpg.connect(postgres_dsn())
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        tp = TopicPartition("t", 0)
+        await apply_records(conn, schema, "g", {tp: _records(first)}, known=known)
+        assert set(known) == {Scope("s1", "ada")}  # the transaction's rows, remembered
+        await heard.listen(listener, schema)
+        statements: list[str] = []
+        conn.add_query_logger(lambda record: statements.append(record.query))
+        batch = {tp: _records([claim, turn, ckpt], first=2)}
+        outcome = await apply_records(conn, schema, "g", batch, known=known)
+        await asyncio.wait_for(heard.both.wait(), 10)
+        applied_with = list(statements)  # reads below go through the listener's connection
+        stored = await listener.fetchrow(
+            f'SELECT epoch, last_seq, message_count FROM "{schema}".sessions '
+            "WHERE session_id = 's1'"
+        )
+        seqs = await listener.fetch(f'SELECT seq FROM "{schema}".events ORDER BY seq')
+        checkpoints = await listener.fetchval(f'SELECT count(*) FROM "{schema}".checkpoints')
+        position = await pg.load_positions(listener, schema, "g", "t")
+    finally:
+        await conn.close()
+        await listener.close()
+    assert [e.event_id for e in outcome.applied] == [e.event_id for e in (claim, turn, ckpt)]
+    assert len(applied_with) == 1, applied_with
+    assert tuple(stored) == (2, ckpt.seq, 2)  # epoch, last seq, messages
+    assert [r[0] for r in seqs] == [e.seq for e in (*first, claim, turn, ckpt)]
+    assert checkpoints == 1 and position == {0: 5}
+    (_, note), (_, heard_position) = heard.items
+    assert [channel for channel, _ in heard.items] == [
+        pg.sessions_channel(schema),
+        pg.positions_channel(schema),
+    ]
+    assert '"s":"s1"' in note and '"epoch":2' in note
+    assert heard_position == "g:t:0:5"
+    assert known[Scope("s1", "ada")].last_seq == ckpt.seq
+
+
+@pytest.mark.postgres
+async def test_a_known_row_another_writer_moved_on_costs_a_fallback_not_a_wrong_write(
+    schema: str,
+) -> None:
+    log = SessionLog("s1", "ada")
+    claim, mine, theirs, next_one = log.claim(), log.turn("one"), log.turn("two"), log.turn("3")
+    known: dict[Any, Any] = {}
+    tp = TopicPartition("t", 0)
+    conn = await asyncpg.connect(postgres_dsn())
+    reader = await asyncpg.connect(postgres_dsn())
+    try:
+        await apply_records(conn, schema, "g", {tp: _records([claim, mine])}, known=known)
+        # another worker (the partition moved meanwhile) applies the next event
+        await apply_records(conn, schema, "g", {tp: _records([theirs], first=2)})
+        statements: list[str] = []
+        conn.add_query_logger(lambda record: statements.append(record.query))
+        outcome = await apply_records(
+            conn, schema, "g", {tp: _records([next_one], first=3)}, known=known
+        )
+        seqs = await reader.fetch(f'SELECT seq FROM "{schema}".events ORDER BY seq')
+        last = await reader.fetchval(f'SELECT last_seq FROM "{schema}".sessions')
+    finally:
+        await conn.close()
+        await reader.close()
+    assert [e.event_id for e in outcome.applied] == [next_one.event_id] and not outcome.dead
+    assert len(statements) > 1  # the transaction's way, which reads the row it locks
+    assert [r[0] for r in seqs] == [1, 2, 3, 4] and last == 4
+    assert known[Scope("s1", "ada")].last_seq == 4
+
+
+@pytest.mark.postgres
+async def test_a_guarded_batch_writes_nothing_when_the_stored_row_moved_on(schema: str) -> None:
+    """The guard itself: a row remembered wrongly (the stored one moved on since) makes
+    the statement write no log row, no session row and no position, and say so."""
+    log = SessionLog("s1", "ada")
+    claim, turn = log.claim(), log.turn("one")
+    known: dict[Any, Any] = {}
+    conn = await asyncpg.connect(postgres_dsn())
+    try:
+        await pg.apply_known(conn, schema, [claim], known)  # unknown session: not written
+        assert known == {}
+        async with conn.transaction():
+            pg.remember(known, await pg.apply_events(conn, schema, [claim]))
+        stale = dict(known)
+        async with conn.transaction():  # another writer moves the session on
+            await pg.apply_events(conn, schema, [turn])
+        # what the stale row folds to: the same seq as the stored turn, another event
+        rival = log.turn("rival", seq=turn.seq)
+        positions = pg.Positions("g", "t", {0: 9})
+        wrote = await pg.apply_known(conn, schema, [rival], stale, positions=positions)
+        ids = await conn.fetch(f'SELECT event_id FROM "{schema}".events ORDER BY seq')
+        seqs = await conn.fetch(f'SELECT seq FROM "{schema}".events ORDER BY seq')
+        position = await pg.load_positions(conn, schema, "g", "t")
+    finally:
+        await conn.close()
+    assert wrote is False
+    assert [r[0] for r in seqs] == [1, 2] and position == {}
+    assert [r[0] for r in ids] == [claim.event_id, turn.event_id]
 
 
 @pytest.mark.postgres

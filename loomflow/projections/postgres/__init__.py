@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from loomflow.projections.postgres.consumers import (
     DeadLetterRow,
+    Positions,
     ProcessorRow,
     add_dead_letters,
     consumed_topics,
@@ -59,8 +60,10 @@ from loomflow.projections.postgres.writes import (
     PostgresDialect,
     apply,
     apply_events,
+    apply_known,
     commit_round,
     prune,
+    remember,
     save_sessions,
 )
 
@@ -68,11 +71,13 @@ __all__ = [
     "READ_MODEL",
     "SCHEMA_VERSION",
     "DeadLetterRow",
+    "Positions",
     "PostgresDialect",
     "ProcessorRow",
     "add_dead_letters",
     "apply",
     "apply_events",
+    "apply_known",
     "check_schema",
     "check_version",
     "commit_round",
@@ -97,6 +102,7 @@ __all__ = [
     "prune",
     "read_events",
     "read_transcript",
+    "remember",
     "report_processor",
     "save_position",
     "save_positions",

@@ -12,6 +12,7 @@ from loomflow.projections.postgres.schema import check_schema, quoted
 
 __all__ = [
     "DeadLetterRow",
+    "Positions",
     "ProcessorRow",
     "add_dead_letters",
     "consumed_topics",
@@ -73,6 +74,52 @@ async def consumed_topics(conn: asyncpg.Connection, schema: str) -> list[tuple[s
     return [(r[0], r[1]) for r in rows]
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Next offsets of one topic's partitions to record for ``consumer``, and the notes
+    that go with them on ``sessions_channel`` (see :func:`save_positions`)."""
+
+    consumer: str
+    topic: str
+    next_offsets: Mapping[int, int]
+    notes: Sequence[str] = ()
+
+    def statement(self, schema: str, first: int, where: str = "") -> tuple[str, str, list[object]]:
+        """The upsert of the positions and the SELECT that sends the notifications, as
+        parts of a statement whose parameters number from ``first``, each part only
+        ``where`` (an SQL condition) holds; and those parameters.
+
+        The notes go first, then ``consumer:topic:partition:offset`` of each partition on
+        ``positions_channel``, all when the transaction commits (PostgreSQL evaluates a
+        volatile output after ORDER BY)."""
+        c, t, ps, os_, pos, ses, notes, n = (f"${first + i}" for i in range(8))
+        when = f" WHERE {where}" if where else ""
+        upsert = (
+            f"INSERT INTO {quoted(schema)}.positions (consumer, topic, partition, next_offset) "
+            f"SELECT {c}, {t}, p, o FROM unnest({ps}::int[], {os_}::bigint[]) AS x(p, o){when} "
+            "ON CONFLICT (consumer, topic, partition) "
+            "DO UPDATE SET next_offset = greatest(positions.next_offset, excluded.next_offset)"
+        )
+        notify = (
+            f"SELECT pg_notify(c, n) FROM (SELECT {ses} AS c, n, i FROM unnest({notes}::text[]) "
+            f"WITH ORDINALITY AS t(n, i) UNION ALL SELECT {pos}, {c} || ':' || {t} || ':' || "
+            f"p::text || ':' || o::text, {n}::bigint + i FROM unnest({ps}::int[], "
+            f"{os_}::bigint[]) WITH ORDINALITY AS x(p, o, i)) AS sent{when} ORDER BY i"
+        )
+        partitions = sorted(self.next_offsets)
+        args: list[object] = [
+            self.consumer,
+            self.topic,
+            partitions,
+            [self.next_offsets[p] for p in partitions],
+            positions_channel(schema),
+            sessions_channel(schema),
+            list(self.notes),
+            len(self.notes),
+        ]
+        return upsert, notify, args
+
+
 async def save_positions(
     conn: asyncpg.Connection,
     schema: str,
@@ -89,25 +136,8 @@ async def save_positions(
     ``notes``, the same statement sends them on ``sessions_channel(schema)`` first, as
     ``notify_sessions`` does: a projector's batch that holds a claim saves a round trip.
     """
-    partitions = sorted(next_offsets)
-    await conn.execute(
-        f"WITH saved AS (INSERT INTO {quoted(schema)}.positions (consumer, topic, partition, "
-        "next_offset) SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS x(p, o) "
-        "ON CONFLICT (consumer, topic, partition) "
-        "DO UPDATE SET next_offset = greatest(positions.next_offset, excluded.next_offset)) "
-        "SELECT pg_notify(c, n) FROM (SELECT $6 AS c, n, i FROM unnest($7::text[]) "
-        "WITH ORDINALITY AS t(n, i) UNION ALL SELECT $5, $1 || ':' || $2 || ':' || p::text "
-        "|| ':' || o::text, $8::bigint + i FROM unnest($3::int[], $4::bigint[]) "
-        "WITH ORDINALITY AS x(p, o, i)) AS sent ORDER BY i",
-        consumer,
-        topic,
-        partitions,
-        [next_offsets[p] for p in partitions],
-        positions_channel(schema),
-        sessions_channel(schema),
-        list(notes),
-        len(notes),
-    )
+    upsert, notify, args = Positions(consumer, topic, next_offsets, notes).statement(schema, 1)
+    await conn.execute(f"WITH saved AS ({upsert}) {notify}", *args)
 
 
 async def save_position(

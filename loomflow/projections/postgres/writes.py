@@ -29,6 +29,7 @@ from loomflow.projections.fold import (
     maybe_redelivered,
     project,
 )
+from loomflow.projections.postgres.consumers import Positions
 from loomflow.projections.postgres.schema import quoted
 from loomflow.projections.postgres.tables import (
     LOG_COLUMNS,
@@ -53,8 +54,10 @@ __all__ = [
     "PostgresDialect",
     "apply",
     "apply_events",
+    "apply_known",
     "commit_round",
     "prune",
+    "remember",
     "save_sessions",
 ]
 
@@ -161,6 +164,8 @@ async def _write_guarded(
     sessions: list[SessionRecord],
     guard: Sequence[SessionRecord],
     checkpoints: _Wave,
+    payloads: Mapping[int, str] | None = None,
+    positions: Positions | None = None,
 ) -> bool:
     """Append log rows, save session rows and write the sessions' new ``checkpoints`` (a
     PutCheckpoint each, at most one per session, then at most one RetainCheckpoints), in
@@ -168,7 +173,8 @@ async def _write_guarded(
     stored row still has the last seq and epoch of its ``guard`` row; return whether it
     wrote. The statement locks those rows first: a writer that folded from rows it
     remembers (not read in a transaction) learns from the result whether another writer
-    moved a session on or pruned it meanwhile."""
+    moved a session on or pruned it meanwhile. With ``positions`` (a projector's), the
+    same statement records them and sends their notifications, also only if it wrote."""
     s = quoted(schema)
     args: list[Any] = []
 
@@ -213,16 +219,31 @@ async def _write_guarded(
             "AND c.seq <= x.cut)"
         )
     events = sorted(events, key=lambda e: (*by_scope(e), e.seq))
-    first = take([*arrays(LOG_COLUMNS[:-1], events), [payload_json(e) for e in events]])
+    texts = payloads or {}
+    first = take(
+        [*arrays(LOG_COLUMNS[:-1], events), [texts.get(id(e)) or payload_json(e) for e in events]]
+    )
     ctes.append(f"log AS ({insert_sql(f'{s}.events', LOG_COLUMNS, first, where=held)})")
     ordered = sorted(sessions, key=by_scope)
     first = take(arrays(SESSION_ROW_COLUMNS, ordered))
     save = insert_sql(f"{s}.sessions", SESSION_ROW_COLUMNS, first, SESSION_KEY, held)
     try:
-        saved = await conn.fetch(f"WITH {', '.join(ctes)} {save} RETURNING 1", *args)
+        if positions is None:
+            saved = len(await conn.fetch(f"WITH {', '.join(ctes)} {save} RETURNING 1", *args))
+        else:
+            upsert, notify, more = positions.statement(schema, len(args) + 1, held)
+            args.extend(more)
+            # a SELECT in a WITH runs only where the statement reads it: ``sent`` is read
+            ctes += [f"saved AS ({save} RETURNING 1)", f"moved AS ({upsert})"]
+            ctes.append(f"sent AS ({notify})")
+            saved = await conn.fetchval(
+                f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM saved) "
+                "+ 0 * (SELECT count(*) FROM sent)",
+                *args,
+            )
     except asyncpg.UniqueViolationError as exc:
         raise _conflict(exc) from exc
-    return len(saved) == len(ordered)
+    return saved == len(ordered)
 
 
 async def _stored_event_ids(
@@ -247,8 +268,9 @@ async def apply_events(
     schema: str,
     events: Sequence[Event],
     payloads: Mapping[int, str] | None = None,
-) -> None:
-    """Fold events into the read model and append them to the log, in the caller's transaction.
+) -> dict[Scope, SessionRecord]:
+    """Fold events into the read model and append them to the log, in the caller's
+    transaction; return the session rows it wrote.
 
     ``payloads`` maps ``id(event)`` to the payload JSON as the record carried it: a
     consumer that decoded the record keeps its text instead of serialising it again.
@@ -261,8 +283,9 @@ async def apply_events(
     size: the log rows, the session rows and each kind of read-model change are written
     in one statement each.
     """
-    if events:
-        await apply_batch_async(PostgresDialect(conn, schema, payloads or {}), events)
+    if not events:
+        return {}
+    return await apply_batch_async(PostgresDialect(conn, schema, payloads or {}), events)
 
 
 class PostgresDialect:
@@ -331,14 +354,14 @@ async def commit_round(
     """
     events = [e for batch in appends for e in batch]
     if known is not None:
-        if len(appends) == 1 and await _commit_known(conn, schema, events, known):
+        if len(appends) == 1 and await apply_known(conn, schema, events, known):
             return [None]
         for scope in scopes(events):  # the round decides their rows anew
             known.pop(scope, None)
     try:
         async with conn.transaction():
             changed = await apply_batch_async(PostgresDialect(conn, schema, {}), events)
-        _remember(known, changed)
+        remember(known, changed)
         return [None] * len(appends)
     except LoomflowError as exc:
         if len(appends) == 1:
@@ -357,20 +380,28 @@ async def commit_round(
                 outcomes.append(exc)
             else:
                 outcomes.append(None)
-    _remember(known, updates)
+    remember(known, updates)
     return outcomes
 
 
-async def _commit_known(
+async def apply_known(
     conn: asyncpg.Connection,
     schema: str,
     events: list[Event],
     known: dict[Scope, SessionRecord],
+    payloads: Mapping[int, str] | None = None,
+    positions: Positions | None = None,
 ) -> bool:
     """Write ``events`` folded from the ``known`` rows of their sessions, in one guarded
-    statement; False (nothing written) when it cannot: a session not known, an event
-    that may be a redelivery or that the fold refuses, a change beyond the log and the
-    session rows, or a session that another writer moved on."""
+    statement (and ``positions`` with them); False (nothing written) when it cannot: a
+    session not known, an event that may be a redelivery or that the fold refuses, a
+    change beyond the log, the session rows and a checkpoint, or a session that another
+    writer moved on. ``known`` keeps the rows written, as ``commit_round`` keeps them.
+
+    A writer that is its sessions' only writer while it holds them (a projector, for its
+    partitions) applies a lone event in one round trip instead of a transaction's five;
+    the guard makes a row it remembers wrongly cost a fallback, never a wrong write.
+    """
     rows: dict[Scope, SessionRecord | None] = {}
     for scope in scopes(events):
         rows[scope] = known.get(scope)
@@ -388,12 +419,19 @@ async def _commit_known(
     guard = [row for row in rows.values() if row is not None]
     try:
         written = await _write_guarded(
-            conn, schema, [c.event for c in changes], list(changed.values()), guard, checkpoints
+            conn,
+            schema,
+            [c.event for c in changes],
+            list(changed.values()),
+            guard,
+            checkpoints,
+            payloads,
+            positions,
         )
     except SequenceConflictError:
         return False
     if written:
-        _remember(known, changed)
+        remember(known, changed)
     return written
 
 
@@ -416,10 +454,11 @@ def _checkpoint_wave(changes: Sequence[Change]) -> _Wave | None:
     return wave
 
 
-def _remember(
+def remember(
     known: dict[Scope, SessionRecord] | None, changed: Mapping[Scope, SessionRecord]
 ) -> None:
-    """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them."""
+    """Keep the rows a commit wrote, the latest ``KNOWN_ROWS`` sessions of them (for
+    ``apply_known`` / ``commit_round``)."""
     if known is None:
         return
     for scope, row in changed.items():
