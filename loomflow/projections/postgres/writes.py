@@ -236,9 +236,9 @@ async def _write_guarded(
             # a SELECT in a WITH runs only where the statement reads it: ``sent`` is read
             ctes += [f"saved AS ({save} RETURNING 1)", f"moved AS ({upsert})"]
             ctes.append(f"sent AS ({notify})")
-            saved = await conn.fetchval(
-                f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM saved) "
-                "+ 0 * (SELECT count(*) FROM sent)",
+            saved, _ = await conn.fetchrow(
+                f"WITH {', '.join(ctes)} SELECT (SELECT count(*) FROM saved), "
+                "(SELECT count(*) FROM sent)",
                 *args,
             )
     except asyncpg.UniqueViolationError as exc:
