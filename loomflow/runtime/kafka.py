@@ -154,6 +154,9 @@ class _Watch:
     written: dict[int, int] = field(default_factory=dict)
     #: event ids appended since the last confirm: their verdict is not known yet
     unconfirmed: set[str] = field(default_factory=set)
+    #: the events of ``unconfirmed`` Kafka acknowledged, in the log's order: once the
+    #: projector applied them, the read model's transcript cache follows them
+    landed: list[Event] = field(default_factory=list)
     #: journal steps appended, with their partition and offset, until the projector has them
     steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
     #: sent and not yet acknowledged (see KafkaStore.send)
@@ -369,6 +372,7 @@ class KafkaStore(EventStore):
             if isinstance(event, _NEW_RUN):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
+                watch.landed.clear()
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
         return list(events), await self._producer.enqueue(events)
 
@@ -417,6 +421,8 @@ class KafkaStore(EventStore):
     def _landed(self, event: Event, partition: int, offset: int) -> None:
         watch = self._watch(scope_of(event))
         watch.written[partition] = max(watch.written.get(partition, -1), offset)
+        if event.event_id in watch.unconfirmed:
+            watch.landed.append(event)
         if isinstance(event, StepRecorded):
             p = event.payload
             row = StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
@@ -483,15 +489,21 @@ class KafkaStore(EventStore):
         if watch is None or not watch.unconfirmed:
             return
         await self._projected(watch.written)
-        ids = list(watch.unconfirmed)
-        refusal = watch.refusal or await self._reads.refusal(ids)
+        ids = set(watch.unconfirmed)
+        refusal = watch.refusal or await self._reads.refusal(list(ids))
         watch.unconfirmed.difference_update(ids)
         watch.steps = {
             k: v for k, v in watch.steps.items() if not self._positions.passed({v[0]: v[1]})
         }
+        applied = [e for e in watch.landed if e.event_id in ids]
+        watch.landed = [e for e in watch.landed if e.event_id not in ids]
         if refusal is not None:
             self._reads.forget(scope)  # its transcript may hold what was refused
             raise _refusal(*refusal)
+        # the read model holds them now, at their seqs: the next read of this session (a
+        # resume in this process) is served from memory, the very message objects the run
+        # appended, so a model's work on its transcript carries on instead of starting over
+        self._reads.follow(applied)
 
     async def _projected(self, wanted: dict[int, int]) -> None:
         """Wait until the projector's committed positions pass ``wanted``.

@@ -304,6 +304,12 @@ class DatabaseStore(EventStore):
         """Drop what the transcript cache holds of the session (of every session: None)."""
         self._cache.forget(scope)
 
+    def follow(self, events: Sequence[Event]) -> None:
+        """Keep the transcript cache in step with events the read model now holds that
+        came another way than this store's appends (a projector applying a KafkaStore's
+        appends); a gap from what the cache holds drops the session's entry."""
+        self._cache.follow(events)
+
     async def session(self, scope: Scope) -> SessionRecord | None:
         row: SessionRecord | None = await self._read(self.queries.load_session, scope)
         return row

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import operator
 import os
 import sys
 from collections.abc import AsyncIterator
@@ -304,18 +305,9 @@ async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
     await runtime.close()
 
 
-async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_before_its_model(
-    env: KafkaEnv,
-) -> None:
-    """What a Kafka resume pays before its first model call: one read of the session (the
-    read model's row plus the log's unprojected tail, with the newest checkpoint) and one
-    wait for the projector (the claim's confirmation); returning waits once more, so that
-    every process reads the run's checkpoints (design: "One synchronous point per run")."""
-    await env.start_projector()
-    runtime = env.runtime()
-    await Research(passes=2).agent(runtime).run("Research.", session_id="s1")
+def _counted(runtime: KafkaRuntime, seen: list[str]) -> None:
+    """Note in ``seen`` every query of the read model and every wait for the projector."""
     store = runtime.store
-    seen: list[str] = []
     query, projected = store._reads._query, store._projected
 
     async def counted_read(read: Any, *args: Any) -> Any:
@@ -328,25 +320,65 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
 
     store._reads._query = counted_read  # type: ignore[method-assign,assignment]
     store._projected = counted_wait  # type: ignore[method-assign]
-    follow = Research(passes=3)
-    agent = follow.agent(runtime)
+
+
+def _heard(agent: Agent, seen: list[str], calls: list[list[Message]]) -> None:
+    """Note each model call in ``seen`` and the messages it was handed in ``calls``."""
     complete = agent.model.complete
 
-    async def first_call(*args: Any, **kwargs: Any) -> Any:
+    async def noted(messages: Any, *args: Any, **kwargs: Any) -> Any:
         seen.append("model call")
-        return await complete(*args, **kwargs)
+        calls.append(list(messages))
+        return await complete(messages, *args, **kwargs)
 
-    agent.model.complete = first_call  # type: ignore[method-assign]
+    agent.model.complete = noted  # type: ignore[method-assign]
+
+
+async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_before_its_model(
+    env: KafkaEnv,
+) -> None:
+    """What a Kafka resume pays before its first model call: one read of the session (the
+    read model's row plus the log's unprojected tail, with the newest checkpoint) and one
+    wait for the projector (the claim's confirmation); returning waits once more, so that
+    every process reads the run's checkpoints (design: "One synchronous point per run").
+
+    The process that ran the session before reads no transcript: what the projector
+    applied of its own appends is served from memory, and the model is handed the very
+    message objects the last run had, so its work on them (a count, a conversion, the
+    transcript's hash) carries on instead of starting over each turn. Another process
+    reads the transcript once."""
+    await env.start_projector()
+    runtime = env.runtime()
+    ran = Research(passes=2).agent(runtime)
+    last: list[list[Message]] = []
+    _heard(ran, [], last)
+    await ran.run("Research.", session_id="s1")
+    seen: list[str] = []
+    _counted(runtime, seen)
+    agent = Research(passes=3).agent(runtime)
+    calls: list[list[Message]] = []
+    _heard(agent, seen, calls)
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
-    before_model = seen[: seen.index("model call")]
-    assert before_model == ["load_head", "projector wait", "read_transcript"]
+    assert seen[: seen.index("model call")] == ["load_head", "projector wait"]
     assert [s for s in seen if s not in ("model call", "get_step")] == [
         "load_head",  # the row, the newest checkpoint and the projector's position at once
         "projector wait",
-        "read_transcript",
         "projector wait",  # the run's return: its checkpoints are readable everywhere
     ]
+    before = last[-1]
+    assert all(map(operator.is_, calls[0][: len(before)], before))
+    assert len(calls[0]) > len(before)  # and the answer and the new prompt after them
+
+    other = env.runtime()  # another process: nothing of the session in its memory
+    seen.clear()
+    _counted(other, seen)
+    agent = Research(passes=4).agent(other)
+    _heard(agent, seen, [])
+    result = await agent.resume(session_id="s1")
+    assert result.restored_turns == 9 and result.turns == 12
+    assert seen[: seen.index("model call")] == ["load_head", "projector wait", "read_transcript"]
+    await other.close()
     await runtime.close()
 
 
