@@ -107,16 +107,39 @@ def _refusal(error_type: str, reason: str) -> InvalidEventError:
 
 
 class _Positions:
-    """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by confirms and reads."""
+    """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by confirms and reads.
+
+    Apart from them, the offsets heard in notifications on the LISTEN connection of one
+    number: PostgreSQL delivers a listener the notifications of every transaction that
+    committed while it listened, in commit order, and the projector sends a batch's
+    refusals before its positions in the same transaction; so a position heard there
+    comes after every refusal of what it passes that committed while that connection
+    listened. A position read from the table (on connecting, in the wait's poll) says
+    nothing of notes in flight or sent before the connection was made.
+    """
 
     def __init__(self) -> None:
         self._seen: dict[int, int] = {}
         self._waiters: list[tuple[dict[int, int], asyncio.Future[None]]] = []
+        self._heard: dict[int, int] = {}
+        self._heard_on: int | None = None
 
     def passed(self, wanted: dict[int, int]) -> bool:
         return all(self._seen.get(p, -1) > offset for p, offset in wanted.items())
 
-    def advance(self, partition: int, next_offset: int) -> None:
+    def heard_passed(self, wanted: dict[int, int], on: int) -> bool:
+        """Whether notifications on connection ``on`` passed ``wanted``."""
+        return on == self._heard_on and all(
+            self._heard.get(p, -1) > offset for p, offset in wanted.items()
+        )
+
+    def advance(self, partition: int, next_offset: int, heard_on: int | None = None) -> None:
+        """The projector applied ``partition`` up to ``next_offset``; ``heard_on``: the
+        number of the LISTEN connection whose notification said so (None: read)."""
+        if heard_on is not None:
+            if heard_on != self._heard_on:
+                self._heard, self._heard_on = {}, heard_on
+            self._heard[partition] = max(self._heard.get(partition, -1), next_offset)
         if next_offset <= self._seen.get(partition, -1):
             return
         self._seen[partition] = next_offset
@@ -150,6 +173,9 @@ class _Watch:
     cancelled: int | None = None
     #: (error type, reason) of the first refusal heard of one of ``unconfirmed``
     refusal: tuple[str, str] | None = None
+    #: the number of the LISTEN connection that was up when the first of ``unconfirmed``
+    #: was sent (None: none was): while it stays, it hears every refusal of them
+    listened: int | None = None
     #: partition -> the highest offset of this store's appends
     written: dict[int, int] = field(default_factory=dict)
     #: event ids appended since the last confirm: their verdict is not known yet
@@ -173,7 +199,7 @@ class _Listener:
     def __init__(
         self,
         settings: Settings,
-        on_position: Callable[[int, int], None],
+        on_position: Callable[[int, int, int | None], None],
         on_session: Callable[[dict[str, Any]], None],
     ) -> None:
         self._settings = settings
@@ -183,6 +209,8 @@ class _Listener:
         self._lost = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.connected = False
+        #: the number of the current (or last) connection: each one made counts one up
+        self.generation = 0
 
     async def start(self) -> None:
         await self._connect()
@@ -224,8 +252,9 @@ class _Listener:
                 await conn.close()
             raise
         self._conn, self._lost, self.connected = conn, lost, True
+        self.generation += 1
         for partition, next_offset in stored.items():
-            self._on_position(partition, next_offset)
+            self._on_position(partition, next_offset, None)
 
     async def _supervise(self) -> None:
         while True:
@@ -245,7 +274,8 @@ class _Listener:
         group, topic, partition, next_offset = payload.rsplit(":", 3)
         s = self._settings
         if group == s.projector_group and topic == s.events_topic:
-            self._on_position(int(partition), int(next_offset))
+            on = self.generation if conn is self._conn else None  # else: still connecting
+            self._on_position(int(partition), int(next_offset), on)
 
     def _session(self, conn: Any, pid: int, channel: str, payload: str) -> None:
         try:
@@ -373,6 +403,9 @@ class KafkaStore(EventStore):
                 watch.refusal = None  # a new claim: earlier verdicts were for earlier runs
                 watch.unconfirmed.clear()
                 watch.landed.clear()
+            if not watch.unconfirmed:
+                listener = self._listener
+                watch.listened = listener.generation if listener.connected else None
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
         return list(events), await self._producer.enqueue(events)
 
@@ -483,14 +516,25 @@ class KafkaStore(EventStore):
 
     async def confirm(self, scope: Scope) -> None:
         """Wait until the projector applied this store's appends to ``scope``; raise the
-        typed refusal of any of them."""
+        typed refusal of any of them.
+
+        The refusals are heard on the LISTEN connection; the read model is asked for them
+        (one round trip) only when that connection cannot have heard them all: it was
+        re-made since the first of them was sent, or the wait learned the position from
+        the table rather than from a notification (see ``_Positions``)."""
         await self._settle({scope})
         watch = self._watches.get(scope)
         if watch is None or not watch.unconfirmed:
             return
         await self._projected(watch.written)
         ids = set(watch.unconfirmed)
-        refusal = watch.refusal or await self._reads.refusal(list(ids))
+        refusal = watch.refusal
+        if refusal is None and not (
+            watch.listened is not None
+            and self._positions.heard_passed(watch.written, watch.listened)
+        ):
+            # a refusal may have been sent while no connection of this store listened
+            refusal = await self._reads.refusal(list(ids))
         watch.unconfirmed.difference_update(ids)
         watch.steps = {
             k: v for k, v in watch.steps.items() if not self._positions.passed({v[0]: v[1]})

@@ -145,6 +145,65 @@ async def test_a_zombie_writer_is_fenced_and_never_reaches_the_read_model(env: K
         await runtime.close()
 
 
+async def _judged_unheard(env: KafkaEnv) -> tuple[KafkaRuntime, Scope, list[KafkaRuntime]]:
+    """A blind writer's runtime whose stale append to ``s1`` the projector is yet to
+    refuse (it is stopped), with the runtimes to close."""
+    projector = await env.start_projector()
+    scope = Scope("s1")
+    zombie_rt, fresh_rt, blind_rt = env.runtime(), env.runtime(), env.runtime()
+    zombie = await zombie_rt.open_session(scope, run_id=new_id("run"))
+    await fresh_rt.open_session(scope, run_id=new_id("run"))  # a resume elsewhere
+    await env.stop_projector(projector)
+    await blind_rt.store.open()  # listening before it appends
+    stale = zombie.make(TurnAppended, TurnAppendedPayload(messages=[Message.user("stale")]))
+    await blind_rt.store.append([stale])
+    return blind_rt, scope, [zombie_rt, fresh_rt, blind_rt]
+
+
+async def test_a_refusal_sent_while_the_writer_was_reconnecting_is_read_from_the_read_model(
+    env: KafkaEnv,
+) -> None:
+    """A confirm that heard the projector pass its events skips asking the read model for
+    refusals only on the LISTEN connection that was up when they were sent: one re-made
+    since may have missed the refusal's notification, though it hears later positions."""
+    blind_rt, scope, runtimes = await _judged_unheard(env)
+    store = blind_rt.store
+    await store._listener.close()  # PostgreSQL dropped it, say
+    await env.start_projector()
+    await eventually(lambda: store._reads.refusal(list(store._watches[scope].unconfirmed)))
+    await store._listener.start()  # back, after the refusal's notification went out
+    other = env.runtime()  # another event of the session, heard on the new connection
+    writer = await other.open_session(scope, run_id=new_id("run"))
+    await writer.confirm()
+    watch = store._watches[scope]
+    await eventually(
+        lambda: store._positions.heard_passed(watch.written, store._listener.generation),
+        what="a position past the refused event, heard on the new connection",
+    )
+    with pytest.raises(StaleWriterError):
+        await store.confirm(scope)
+    for runtime in (*runtimes, other):
+        await runtime.close()
+
+
+async def test_a_refusal_whose_notification_is_late_is_read_when_the_wait_polled_the_position(
+    env: KafkaEnv,
+) -> None:
+    """A position the wait read from the table (its poll) says nothing of notes still in
+    flight: the confirm asks the read model for refusals."""
+    blind_rt, scope, runtimes = await _judged_unheard(env)
+    listener = blind_rt.store._listener
+    held: list[tuple[Any, ...]] = []
+    listener._on_position = lambda *note: held.append(note)
+    listener._on_session = lambda *note: held.append(note)
+    await env.start_projector()
+    with pytest.raises(StaleWriterError):
+        await blind_rt.store.confirm(scope)
+    assert held, "the projector's notifications were not held"
+    for runtime in runtimes:
+        await runtime.close()
+
+
 async def test_a_cancelled_writer_hears_of_it_and_writes_nothing_more_to_the_log(
     env: KafkaEnv,
 ) -> None:
@@ -308,17 +367,17 @@ async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
 def _counted(runtime: KafkaRuntime, seen: list[str]) -> None:
     """Note in ``seen`` every query of the read model and every wait for the projector."""
     store = runtime.store
-    query, projected = store._reads._query, store._projected
+    call, projected = store._reads._call, store._projected
 
     async def counted_read(read: Any, *args: Any) -> Any:
         seen.append(read.__name__)  # every query of the read model, one round trip each
-        return await query(read, *args)
+        return await call(read, *args)
 
     async def counted_wait(wanted: dict[int, int]) -> None:
         seen.append("projector wait")
         await projected(wanted)
 
-    store._reads._query = counted_read  # type: ignore[method-assign,assignment]
+    store._reads._call = counted_read  # type: ignore[method-assign,assignment]
     store._projected = counted_wait  # type: ignore[method-assign]
 
 
@@ -341,6 +400,8 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
     read model's row plus the log's unprojected tail, with the newest checkpoint) and one
     wait for the projector (the claim's confirmation); returning waits once more, so that
     every process reads the run's checkpoints (design: "One synchronous point per run").
+    Neither confirm asks the read model for refusals: the runtime's LISTEN connection was
+    up throughout and heard the positions, so it heard every refusal before them.
 
     The process that ran the session before reads no transcript: what the projector
     applied of its own appends is served from memory, and the model is handed the very
