@@ -106,6 +106,11 @@ def _refusal(error_type: str, reason: str) -> InvalidEventError:
     return _REFUSALS.get(error_type, InvalidEventError)(reason)
 
 
+def _past(positions: dict[int, int], wanted: dict[int, int]) -> bool:
+    """Whether next offsets ``positions`` pass every offset of ``wanted``."""
+    return all(positions.get(p, -1) > offset for p, offset in wanted.items())
+
+
 class _Positions:
     """The projector's applied offsets, fed by LISTEN/NOTIFY, awaited by confirms and reads.
 
@@ -125,13 +130,11 @@ class _Positions:
         self._heard_on: int | None = None
 
     def passed(self, wanted: dict[int, int]) -> bool:
-        return all(self._seen.get(p, -1) > offset for p, offset in wanted.items())
+        return _past(self._seen, wanted)
 
     def heard_passed(self, wanted: dict[int, int], on: int) -> bool:
         """Whether notifications on connection ``on`` passed ``wanted``."""
-        return on == self._heard_on and all(
-            self._heard.get(p, -1) > offset for p, offset in wanted.items()
-        )
+        return on == self._heard_on and _past(self._heard, wanted)
 
     def advance(self, partition: int, next_offset: int, heard_on: int | None = None) -> None:
         """The projector applied ``partition`` up to ``next_offset``; ``heard_on``: the
