@@ -386,7 +386,7 @@ class Run:
         self._context_tokens = response.usage.total_tokens
         await self._append(
             [response.message],
-            durable=bool(response.message.tool_calls) or not self._ends_with_answer(),
+            ends=not response.message.tool_calls and self._ends_with_answer(),
             usage=response.usage,
             model_call=True,
             step_key=f"model:{self.turns}",
@@ -398,8 +398,8 @@ class Run:
     def _ends_with_answer(self) -> bool:
         """Whether a final answer is followed by nothing but the run's end: no stop hook,
         output check or compaction acts on it first. Then it goes out with the end (one
-        acknowledgement on Kafka, not two); a crash before that acknowledgement loses the
-        answer as a crash before its own would."""
+        acknowledgement on Kafka, not two; one transaction on the other stores); a crash
+        before that write loses the answer as a crash before its own would."""
         return (
             not self.tuning.stop_hooks
             and self.options.output_schema is None
@@ -607,13 +607,16 @@ class Run:
     # -- events and results -------------------------------------------------------------
 
     async def _append(
-        self, messages: list[Message], *, durable: bool = True, **fields: Any
+        self, messages: list[Message], *, durable: bool = True, ends: bool = False, **fields: Any
     ) -> None:
         """Record messages. A model's answer and a tool's result must be durable before the
         run acts on them; the prompt of a pass (``durable=False``) is ours to send again,
-        so on Kafka its acknowledgement overlaps the model call and the answer waits."""
+        so on Kafka its acknowledgement overlaps the model call and the answer waits. A
+        final answer nothing acts on (``ends``) goes out with the run's end."""
         payload = TurnAppendedPayload(messages=messages, **fields)
-        if durable:
+        if ends:
+            await self.writer.hold(TurnAppended, payload)
+        elif durable:
             await self.writer.emit(TurnAppended, payload)
         else:
             await self.writer.send(TurnAppended, payload)

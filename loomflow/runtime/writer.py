@@ -67,7 +67,9 @@ class SessionWriter:
 
     ``stage`` holds an event (a checkpoint) to go out with the next ``emit``: events made
     together cost one write, not one each. The loop stages only where no model or tool
-    call runs before that next emit.
+    call runs before that next emit. ``hold`` does the same for an event that must not be
+    given up (a final answer): a staged event is optional, a held one is written again if
+    the write that carries it fails.
 
     An append that fails with anything but a refusal may still have landed (a timeout
     after the write reached the log, a connection lost before the commit's reply). Its
@@ -95,7 +97,10 @@ class SessionWriter:
         self.run_id = run_id
         self.epoch = epoch
         self.next_seq = next_seq
+        #: events to go out with the next write, in seq order: staged (optional) and held
         self._staged: list[Event] = []
+        #: the ids of the held ones among them (``hold``): written again if lost
+        self._held: set[str] = set()
         self._in_doubt: list[Event] = []
         #: events sent without waiting for durability: the next append waits for them
         self._unacked: list[Event] = []
@@ -155,6 +160,19 @@ class SessionWriter:
         self.next_seq += 1
         return event
 
+    async def hold(self, cls: type[E], payload: Any) -> E:
+        """``send`` for an event nothing acts on before the run's next write (a final
+        answer, before its checkpoint and end): a store that sends ahead sends it; any
+        other writes it with that next write, in the same transaction (one write fewer a
+        run). Lost with that write, it is written again in front of the retry, as a sent
+        event is; a crash before that write loses it, as a crash before its own would."""
+        if self.store.sends_ahead:
+            return await self.send(cls, payload)
+        async with self._lock:
+            event = self.stage(cls, payload)
+            self._held.add(event.event_id)
+            return event
+
     async def emit(self, cls: type[E], payload: Any) -> E:
         """Append one event, after any staged ones, and return once it is durable.
 
@@ -179,9 +197,13 @@ class SessionWriter:
         if self._in_doubt:
             await self._observe(await _within(give_up, self._resolve_doubt()))
         staged, self._staged = self._staged, []
-        # what was sent ahead (a prompt) is made durable by this write, or lost with it
+        held, self._held = self._held, set()
+        optional = [e for e in staged if e.event_id not in held]
+        # what was sent ahead (a prompt) or held (an answer) is made durable by this
+        # write, or written again if lost with it
         ahead = [e for e in self._unacked if e.event_id not in self._optional]
-        self._optional = {e.event_id for e in staged}  # if this is a send, sent ahead too
+        ahead += [e for e in staged if e.event_id in held]
+        self._optional = {e.event_id for e in optional}  # if this is a send, sent ahead too
         event = self.make(cls, payload)
         batch = [*staged, cast("Event", event)]
         failures = 0
@@ -196,7 +218,7 @@ class SessionWriter:
                 raise
             except Exception as exc:
                 retriable = isinstance(exc, LoomflowError) and exc.retriable
-                if not retriable and (failures or not staged):
+                if not retriable and (failures or not optional):
                     raise
                 if retriable and asyncio.get_running_loop().time() >= give_up:
                     raise
@@ -216,8 +238,8 @@ class SessionWriter:
                 await self._observe(await self._recover(give_up))
             if self.next_seq > event.seq:
                 return event  # it landed after all
-            # what did not land is written again, what was sent ahead of it first (the
-            # answer never lands without its prompt); a staged checkpoint is left out
+            # what did not land is written again, what was sent ahead of it or held first
+            # (the answer never lands without its prompt); a staged checkpoint is left out
             lost = [e for e in ahead if e.seq >= self.next_seq]
             ahead = [self.make(type(e), e.payload, offset=k) for k, e in enumerate(lost)]
             event = self.make(cls, payload, offset=len(ahead))
@@ -290,7 +312,7 @@ class SessionWriter:
 
     async def _confirm_alone(self) -> None:
         if self._staged:
-            staged, self._staged = self._staged, []
+            staged, self._staged, self._held = self._staged, [], set()
             await self._append(staged)
         try:
             await self.store.confirm(self.scope)

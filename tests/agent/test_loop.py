@@ -217,3 +217,49 @@ async def test_run_finished_leaves_the_answer_to_the_transcript_that_holds_it(
     # a run.finished written before keeps its answer, and tail shows it
     old = finish.model_copy(update={"payload": finish.payload.model_copy(update={"output": "a"})})
     assert describe(old).endswith(": a")
+
+
+def look(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
+
+
+@pytest.mark.parametrize("embedded", ["sqlite", "inproc"])
+async def test_a_final_answer_is_written_with_the_run_s_end_in_one_transaction(
+    tmp_path: Path, embedded: str
+) -> None:
+    """On the stores that commit each append (no sending ahead), a final answer nothing
+    acts on goes in the transaction of the checkpoint and the run's end: five writes a
+    pass, not six. With a stop hook it is written before the hook sees it."""
+    runtime = SqliteRuntime(tmp_path / "j.db") if embedded == "sqlite" else InProcRuntime()
+    writes: list[list[str]] = []
+    append = runtime.store.append
+
+    async def counted(events: Any) -> None:
+        writes.append([e.type for e in events])
+        await append(events)
+
+    runtime.store.append = counted  # type: ignore[method-assign]
+
+    def agent(**tuning: Any) -> Agent:
+        model = ScriptedModel([ScriptedModel.tool_call("look", q="x"), "the answer"])
+        tuned = Tuning(checkpoint=True, **tuning)
+        return Agent("Answer.", model=model, runtime=runtime, tools=[look], tuning=tuned)
+
+    assert (await agent().run("Question?", session_id="s1")).output == "the answer"
+    turn = ["turn.appended"]
+    assert writes == [
+        ["run.started"],
+        turn,  # the prompt
+        turn,  # the tool call, durable before the tool runs
+        turn,  # the tool's result, durable before the model sees it
+        [*turn, "checkpoint.written", "run.finished"],  # the answer with the end
+    ]
+    state = await runtime.restore(Scope("s1"))
+    assert state is not None and state.messages[-1].content == "the answer"
+
+    writes.clear()
+    result = await agent(stop_hooks=[lambda s: None]).run("Again?", session_id="s2")
+    assert result.output == "the answer"
+    assert writes[-2:] == [turn, ["checkpoint.written", "run.finished"]]
+    await runtime.close()

@@ -312,3 +312,64 @@ async def test_what_was_sent_ahead_and_lost_with_a_failed_append_is_written_agai
     assert said == ["prompt", "answer"] and [e.seq for e in log] == [1, 2, 3]
     assert not any(isinstance(e, CheckpointWritten) for e in log)
     assert log[-1].event_id == answer.event_id and heard == [e.event_id for e in log[1:]]
+
+
+async def test_a_held_event_goes_out_with_the_next_write_in_one_append() -> None:
+    """On a store that does not send ahead, ``hold`` writes nothing: the held event (a
+    final answer) goes in front of the next write, with what was staged between, in one
+    append; observers hear of it only then."""
+    store = Failing()
+    writer, heard = await _writer(store)
+    answer = await writer.hold(TurnAppended, _said("answer"))
+    checkpoint = writer.stage(CheckpointWritten, _checkpoint())
+    assert store.appends == 1 and heard == []  # the claim alone
+    end = await writer.emit(RunHeartbeat, None)
+    assert store.appends == 2  # one append for the three
+    log = await _log(store)
+    assert [e.event_id for e in log[1:]] == [answer.event_id, checkpoint.event_id, end.event_id]
+    assert heard == [e.event_id for e in log[1:]] and [e.seq for e in log] == [1, 2, 3, 4]
+
+
+async def test_a_held_event_is_written_at_confirm_when_no_write_follows() -> None:
+    store = Failing()
+    writer, heard = await _writer(store)
+    answer = await writer.hold(TurnAppended, _said("answer"))
+    await writer.confirm()
+    assert [e.event_id for e in (await _log(store))[1:]] == [answer.event_id] == heard
+
+
+async def test_a_held_event_lost_with_a_failed_write_is_written_again_unlike_a_staged_one() -> None:
+    """A staged checkpoint is optional and given up with the write that failed; a held
+    answer is not: it is written again in front of the event that carried it."""
+    store = Failing()
+    writer, heard = await _writer(store)
+    await writer.hold(TurnAppended, _said("answer"))
+    writer.stage(CheckpointWritten, _checkpoint())
+    store.plan = [(StoreError("disk I/O error"), False)]  # not retriable: the checkpoint goes
+    end = await writer.emit(RunHeartbeat, None)
+    log = await _log(store)
+    said, end_written = log[1:]
+    assert isinstance(said, TurnAppended) and isinstance(end_written, RunHeartbeat)
+    assert said.payload.messages[0].content == "answer" and [e.seq for e in log] == [1, 2, 3]
+    assert log[-1].event_id == end.event_id and heard == [e.event_id for e in log[1:]]
+
+
+async def test_a_store_that_sends_ahead_is_sent_a_held_event() -> None:
+    store = SendsAhead()
+    writer, heard = await _writer(store)
+    answer = await writer.hold(TurnAppended, _said("answer"))
+    assert store.held == [answer] and heard == []
+    await writer.emit(RunHeartbeat, None)
+    assert not store.held and heard[0] == answer.event_id
+
+
+async def test_a_write_carrying_only_a_held_event_fails_as_its_own_write_would() -> None:
+    """Nothing optional to give up: an error that is not the store's being away raises,
+    and the held event is not in the log (as the answer written alone would not be)."""
+    store = Failing()
+    writer, heard = await _writer(store)
+    await writer.hold(TurnAppended, _said("answer"))
+    store.plan = [(StoreError("disk I/O error"), False)]
+    with pytest.raises(StoreError, match="disk I/O error"):
+        await writer.emit(RunHeartbeat, None)
+    assert len(await _log(store)) == 1 and heard == []
