@@ -195,7 +195,7 @@ class SessionWriter:
     async def _write_alone(self, cls: type[E], payload: Any, *, durable: bool) -> E:
         give_up = asyncio.get_running_loop().time() + self.policy.retry_seconds
         if self._in_doubt:
-            await self._observe(await _within(give_up, self._resolve_doubt()))
+            await self._settle_doubt(give_up)
         staged, self._staged = self._staged, []
         held, self._held = self._held, set()
         optional = [e for e in staged if e.event_id not in held]
@@ -305,6 +305,27 @@ class SessionWriter:
         self._in_doubt = []
         return [e for e in batch if e.seq < self.next_seq]
 
+    async def _settle_doubt(self, give_up: float | None = None) -> None:
+        """Learn what the events in doubt left in the log (until ``give_up``, a loop
+        time), number what was staged after them again, and tell the observer of those
+        that landed."""
+        resolving = self._resolve_doubt()
+        landed = await (resolving if give_up is None else _within(give_up, resolving))
+        self._restage()  # at once: what is staged while the observer runs is numbered right
+        await self._observe(landed)
+
+    def _restage(self) -> None:
+        """Number the staged and held events again from where the log goes on, once the
+        events in doubt are settled: they were numbered after those, as if all had landed
+        (a heartbeat that failed during the model call, then the answer held and the
+        checkpoint staged)."""
+        staged, held = self._staged, self._held
+        self._staged, self._held = [], set()
+        for event in staged:
+            again = self.stage(type(event), event.payload)
+            if event.event_id in held:
+                self._held.add(again.event_id)
+
     async def confirm(self) -> None:
         """Wait until the read model holds this run's events; raise any refusal of them."""
         async with self._lock:
@@ -312,6 +333,8 @@ class SessionWriter:
 
     async def _confirm_alone(self) -> None:
         if self._staged:
+            if self._in_doubt:
+                await self._settle_doubt()
             staged, self._staged, self._held = self._staged, [], set()
             await self._append(staged)
         try:

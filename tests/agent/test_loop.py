@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from loomflow import Agent, Message, SessionState, Tuning
-from loomflow.errors import InvalidIdError
+from loomflow.errors import InvalidIdError, StoreError
 from loomflow.models import AnthropicModel, ScriptedModel
 from loomflow.runtime import InProcRuntime, Scope, SqliteRuntime
 from loomflow.schemas import RunFinished, RunStarted, TurnAppended
@@ -262,4 +262,38 @@ async def test_a_final_answer_is_written_with_the_run_s_end_in_one_transaction(
     result = await agent(stop_hooks=[lambda s: None]).run("Again?", session_id="s2")
     assert result.output == "the answer"
     assert writes[-2:] == [turn, ["checkpoint.written", "run.finished"]]
+    await runtime.close()
+
+
+@pytest.mark.parametrize("embedded", ["sqlite", "inproc"])
+async def test_a_heartbeat_failed_during_the_final_model_call_leaves_the_answer_in_order(
+    tmp_path: Path, embedded: str
+) -> None:
+    """A heartbeat written during a long final model call fails (a store blip): the
+    answer held and the checkpoint staged after it are written with the run's end at the
+    seqs the log has free, the answer kept (they were numbered past the heartbeat, and
+    the end was refused as another writer's)."""
+    options: dict[str, Any] = {"lease_seconds": 0.6, "retry_seconds": 0}  # a beat in 0.2 s
+    runtime = (
+        SqliteRuntime(tmp_path / "j.db", **options)
+        if embedded == "sqlite"
+        else InProcRuntime(**options)
+    )
+    append = runtime.store.append
+    failed: list[str] = []
+
+    async def blip(events: Any) -> None:
+        if not failed and [e.type for e in events] == ["run.heartbeat"]:
+            failed.append("heartbeat")
+            raise StoreError("disk I/O error")  # not retriable; it did not land
+        await append(events)
+
+    runtime.store.append = blip  # type: ignore[method-assign]
+    model = ScriptedModel(["the answer"], latency=0.3)  # the heartbeat falls inside it
+    agent = Agent("Answer.", model=model, runtime=runtime, tuning=Tuning(checkpoint=True))
+    result = await agent.run("Question?", session_id="s1")
+    assert failed == ["heartbeat"] and result.output == "the answer"
+    events = await runtime.store.read_events(Scope("s1"))
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.type for e in events[-3:]] == ["turn.appended", "checkpoint.written", "run.finished"]
     await runtime.close()

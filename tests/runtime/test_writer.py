@@ -373,3 +373,55 @@ async def test_a_write_carrying_only_a_held_event_fails_as_its_own_write_would()
     with pytest.raises(StoreError, match="disk I/O error"):
         await writer.emit(RunHeartbeat, None)
     assert len(await _log(store)) == 1 and heard == []
+
+
+@pytest.mark.parametrize("landed", [False, True])
+async def test_events_staged_after_a_write_in_doubt_are_numbered_where_the_log_goes_on(
+    landed: bool,
+) -> None:
+    """A heartbeat fails during the final model call (landed or not: unknown); then the
+    answer is held and the checkpoint staged, numbered as if the heartbeat had landed.
+    The run's end settles the doubt first and writes all three at the seqs the log has
+    free: no gap, no seq twice, the answer kept."""
+    store = Failing()
+    writer, heard = await _writer(store)
+    store.plan = [(StoreError("disk I/O error"), landed)]
+    with pytest.raises(StoreError):
+        await writer.emit(RunHeartbeat, None)
+    await writer.hold(TurnAppended, _said("answer"))
+    writer.stage(CheckpointWritten, _checkpoint())
+    end = await writer.emit(RunHeartbeat, None)
+    log = await _log(store)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    assert [e.type for e in log[1 + landed :]] == [
+        "turn.appended",
+        "checkpoint.written",
+        "run.heartbeat",
+    ]
+    assert log[-1].event_id == end.event_id and heard == [e.event_id for e in log[1:]]
+    # numbered again, still held: a failure of the write gives up the checkpoint only
+    store.plan = [(StoreError("disk I/O error"), landed)]
+    with pytest.raises(StoreError):
+        await writer.emit(RunHeartbeat, None)
+    await writer.hold(TurnAppended, _said("again"))
+    writer.stage(CheckpointWritten, _checkpoint())
+    store.plan = [(StoreError("disk I/O error"), False)]
+    await writer.emit(RunHeartbeat, None)
+    log = await _log(store)
+    assert [e.seq for e in log] == list(range(1, len(log) + 1))
+    assert [e.type for e in log[-2:]] == ["turn.appended", "run.heartbeat"]
+
+
+async def test_a_confirm_writes_what_was_staged_after_a_write_in_doubt_at_free_seqs() -> None:
+    store = Failing()
+    writer, heard = await _writer(store)
+    store.plan = [(StoreError("disk I/O error"), False)]
+    with pytest.raises(StoreError):
+        await writer.emit(RunHeartbeat, None)
+    answer = await writer.hold(TurnAppended, _said("answer"))
+    await writer.confirm()
+    log = await _log(store)
+    said = log[1]
+    assert [e.seq for e in log] == [1, 2] and isinstance(said, TurnAppended)
+    assert said.payload.messages[0].content == "answer" and heard == [said.event_id]
+    assert answer.seq == 3  # numbered past the heartbeat in doubt, written at its seq
