@@ -7,8 +7,12 @@ Consistency, as a user meets it:
   ``kafka_ack_timeout`` (too few brokers left) fails as retriable; its events may still
   land, so the session's next append or read waits for them first.
 - The claim of a session (the new epoch at the start of a run) is the one synchronous
-  point: ``open_session`` returns once the projector applied it, so two writers never
-  both think they own a session.
+  point: ``open_session`` returns once it is known to hold, so two writers never both
+  think they own a session. Usually the log's order says so: a claim that Kafka put
+  right at the end of the partition as the claim's read of the session found it follows
+  no other record, so the projector's verdict on it is the one the fold gave on that
+  read (see ``KafkaStore.confirm``). Otherwise ``open_session`` waits for the projector
+  to apply it.
 - A fenced writer learns it from the projector's notifications (a newer epoch applied,
   or one of its events refused) and raises the embedded runtimes' typed error before its
   next append; at the latest when its run ends (``confirm``). A cancel is such a newer
@@ -183,9 +187,13 @@ class _Watch:
     written: dict[int, int] = field(default_factory=dict)
     #: event ids appended since the last confirm: their verdict is not known yet
     unconfirmed: set[str] = field(default_factory=set)
-    #: the events of ``unconfirmed`` Kafka acknowledged, in the log's order: once the
-    #: projector applied them, the read model's transcript cache follows them
-    landed: list[Event] = field(default_factory=list)
+    #: the events of ``unconfirmed`` Kafka acknowledged, in the log's order, with their
+    #: partition and offset: once the projector applied them, the read model's
+    #: transcript cache follows them
+    landed: list[tuple[Event, int, int]] = field(default_factory=list)
+    #: what the last ``head`` of the session read: its partition, that partition's end
+    #: then, and the session as the log had it below that end (see ``KafkaStore.confirm``)
+    read: tuple[int, int, SessionRecord | None] | None = None
     #: journal steps appended, with their partition and offset, until the projector has them
     steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
     #: sent and not yet acknowledged (see KafkaStore.send)
@@ -458,7 +466,7 @@ class KafkaStore(EventStore):
         watch = self._watch(scope_of(event))
         watch.written[partition] = max(watch.written.get(partition, -1), offset)
         if event.event_id in watch.unconfirmed:
-            watch.landed.append(event)
+            watch.landed.append((event, partition, offset))
         if isinstance(event, StepRecorded):
             p = event.payload
             row = StepRow(p.step_key, p.input_hash, event.seq, p.value, p.serializer, event.at)
@@ -521,6 +529,12 @@ class KafkaStore(EventStore):
         """Wait until the projector applied this store's appends to ``scope``; raise the
         typed refusal of any of them.
 
+        A claim made of a ``head`` that found the partition applied to its end, and put
+        by Kafka right at that end, is not waited for (see ``_follows_read``): nothing
+        came between the projector's row and it, so the projector applies it as the
+        fold just did. That is the common case of a session resumed where it was left,
+        in a partition no one else wrote to meanwhile; a busy partition waits.
+
         The refusals are heard on the LISTEN connection; the read model is asked for them
         (one round trip) only when that connection cannot have heard them all: it was
         re-made since the first of them was sent, or the wait learned the position from
@@ -528,6 +542,14 @@ class KafkaStore(EventStore):
         await self._settle({scope})
         watch = self._watches.get(scope)
         if watch is None or not watch.unconfirmed:
+            return
+        read, watch.read = watch.read, None
+        if read is not None and self._follows_read(watch, *read):
+            # what the projector will make of them is known: it applies them
+            applied = [event for event, _, _ in watch.landed]
+            watch.unconfirmed.clear()
+            watch.landed = []
+            self._reads.follow(applied)
             return
         await self._projected(watch.written)
         ids = set(watch.unconfirmed)
@@ -542,8 +564,8 @@ class KafkaStore(EventStore):
         watch.steps = {
             k: v for k, v in watch.steps.items() if not self._positions.passed({v[0]: v[1]})
         }
-        applied = [e for e in watch.landed if e.event_id in ids]
-        watch.landed = [e for e in watch.landed if e.event_id not in ids]
+        applied = [e for e, _, _ in watch.landed if e.event_id in ids]
+        watch.landed = [x for x in watch.landed if x[0].event_id not in ids]
         if refusal is not None:
             self._reads.forget(scope)  # its transcript may hold what was refused
             raise _refusal(*refusal)
@@ -551,6 +573,35 @@ class KafkaStore(EventStore):
         # resume in this process) is served from memory, the very message objects the run
         # appended, so a model's work on its transcript carries on instead of starting over
         self._reads.follow(applied)
+
+    def _follows_read(
+        self, watch: _Watch, partition: int, end: int, row: SessionRecord | None
+    ) -> bool:
+        """Whether the projector's verdict on the unconfirmed events is known without
+        waiting for it: they are all acknowledged, in ``partition`` at ``end``, ``end``
+        + 1, ... (``head`` read ``row`` from the read model when the projector had
+        applied the partition up to its end, ``end``: no other record, of this session
+        or any, came between that row and them), this store has heard of a projector
+        that applied the partition that far (one ran: a claim with none running waits
+        for it, and its timeout names the processor), and the fold and the rule of
+        signatures, which the projector applies to that same row, accept each in turn.
+        Anything else waits for the projector."""
+        landed = watch.landed
+        if (
+            watch.refusal is not None
+            or len(landed) != len(watch.unconfirmed)
+            or not self._positions.passed({partition: end - 1})
+        ):
+            return False
+        for k, (event, at_partition, offset) in enumerate(landed):
+            if at_partition != partition or offset != end + k:
+                return False
+            try:
+                self.signatures.check(event)
+                row, _ = fold(row, event)
+            except InvalidEventError:
+                return False  # the projector refuses it: its verdict is awaited, and raised
+        return True
 
     async def _projected(self, wanted: dict[int, int]) -> None:
         """Wait until the projector's committed positions pass ``wanted``.
@@ -654,7 +705,8 @@ class KafkaStore(EventStore):
         # this read began is below that end, whichever of the two answers first
         projected = asyncio.ensure_future(self._projected_head(scope, checkpoint=checkpoint))
         try:
-            end = await self._end_of(await self._partition_of(scope))
+            partition = await self._partition_of(scope)
+            end = await self._end_of(partition)
         except BaseException:
             projected.cancel()
             await asyncio.wait({projected})
@@ -662,6 +714,9 @@ class KafkaStore(EventStore):
                 projected.exception()  # the end's failure is what the caller hears of
             raise
         row, latest, since = await projected
+        # the projector's own row, of every record of the partition below its end: what
+        # a claim made of this read needs to be confirmed without the projector
+        self._watch(scope).read = (partition, end, row) if since >= end else None
         pruned = False
         for event in await self.unprojected(scope, row.last_seq if row else 0, since, end=end):
             try:

@@ -16,8 +16,10 @@ import pytest
 
 from loomflow import Agent, Message, Tuning
 from loomflow.errors import (
+    InvalidEventError,
     ProjectionTimeoutError,
     RunCancelledError,
+    SequenceConflictError,
     StaleWriterError,
     StoreError,
 )
@@ -25,8 +27,12 @@ from loomflow.models import ScriptedModel
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
-from loomflow.schemas import TurnAppended, new_id
-from loomflow.schemas.events import TurnAppendedPayload
+from loomflow.schemas import CheckpointWritten, RunStarted, TurnAppended, new_id
+from loomflow.schemas.events import (
+    CheckpointWrittenPayload,
+    RunStartedPayload,
+    TurnAppendedPayload,
+)
 from loomflow.schemas.sessions import SessionRecord
 from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.scenario import Research
@@ -393,15 +399,18 @@ def _heard(agent: Agent, seen: list[str], calls: list[list[Message]]) -> None:
     agent.model.complete = noted  # type: ignore[method-assign]
 
 
-async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_before_its_model(
+async def test_a_resume_reads_the_session_once_and_does_not_wait_for_the_projector_before_its_model(
     env: KafkaEnv,
 ) -> None:
     """What a Kafka resume pays before its first model call: one read of the session (the
-    read model's row plus the log's unprojected tail, with the newest checkpoint) and one
-    wait for the projector (the claim's confirmation); returning waits once more, so that
-    every process reads the run's checkpoints (design: "One synchronous point per run").
-    Neither confirm asks the read model for refusals: the runtime's LISTEN connection was
-    up throughout and heard the positions, so it heard every refusal before them.
+    read model's row plus the log's unprojected tail, with the newest checkpoint), and
+    the claim's acknowledgement. The claim is confirmed by where Kafka put it: right at
+    the end of a partition the projector had applied when the session was read, so no
+    other record came between the row and it (design: "One synchronous point per run").
+    Returning waits for the projector once, so that every process reads the run's
+    checkpoints; that confirm asks the read model for no refusals: the runtime's LISTEN
+    connection was up throughout and heard the positions, so it heard every refusal
+    before them.
 
     The process that ran the session before reads no transcript: what the projector
     applied of its own appends is served from memory, and the model is handed the very
@@ -421,10 +430,9 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
     _heard(agent, seen, calls)
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
-    assert seen[: seen.index("model call")] == ["load_head", "projector wait"]
+    assert seen[: seen.index("model call")] == ["load_head"]
     assert [s for s in seen if s not in ("model call", "get_step")] == [
         "load_head",  # the row, the newest checkpoint and the projector's position at once
-        "projector wait",
         "projector wait",  # the run's return: its checkpoints are readable everywhere
     ]
     before = last[-1]
@@ -438,7 +446,7 @@ async def test_a_resume_reads_the_session_once_and_waits_for_the_projector_once_
     _heard(agent, seen, [])
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 9 and result.turns == 12
-    assert seen[: seen.index("model call")] == ["load_head", "projector wait", "read_transcript"]
+    assert seen[: seen.index("model call")] == ["load_head", "read_transcript"]
     await other.close()
     await runtime.close()
 
@@ -492,3 +500,146 @@ async def test_a_final_answer_goes_out_with_the_run_s_end_in_one_acknowledgement
     await agent(stop_hooks=[hook]).run("Again?", session_id="s2")
     assert writes[-2:] == ["append turn.appended", "append checkpoint.written,run.finished"]
     await runtime.close()
+
+
+def _claim(row: SessionRecord) -> RunStarted:
+    """The claim a run makes of the session ``row``: the next seq, a new epoch."""
+    return RunStarted(
+        session_id=row.session_id,
+        run_id=new_id("run"),
+        seq=row.last_seq + 1,
+        epoch=row.epoch + 1,
+        payload=RunStartedPayload(),
+    )
+
+
+async def _read_by_two(env: KafkaEnv) -> tuple[Scope, SessionRecord, list[KafkaRuntime]]:
+    """A finished session, read (``head``) by two runtimes before either claims it."""
+    await env.start_projector()
+    scope = Scope("s1")
+    first = env.runtime()
+    await Research(passes=1).agent(first).run("Research.", session_id="s1")
+    second = env.runtime()
+    row, _ = await first.store.head(scope)
+    again, _ = await second.store.head(scope)
+    assert row is not None and again == row
+    return scope, row, [first, second]
+
+
+async def test_a_claim_kafka_put_behind_another_record_waits_for_the_projector_s_verdict(
+    env: KafkaEnv,
+) -> None:
+    """Two processes read the session and claim it at the same seq. The first claim lands
+    right where the read found the partition's end: confirmed without the projector. The
+    second lands behind it: it waits for the projector, which refuses it; a run whose
+    claim that was reads the session again (``open_session``'s loop)."""
+    scope, row, (first, second) = await _read_by_two(env)
+    waits: list[str] = []
+    _counted(first, waits)
+    mine, theirs = _claim(row), _claim(row)
+    await first.store.append([mine])
+    await first.store.confirm(scope)
+    assert "projector wait" not in waits
+    _counted(second, waits)
+    await second.store.append([theirs])
+    with pytest.raises(SequenceConflictError):
+        await second.store.confirm(scope)
+    assert waits.count("projector wait") == 1
+    found = await second.store.session(scope)
+    assert found is not None and found.last_run_id == mine.run_id
+    assert found.epoch == mine.epoch and found.last_seq == mine.seq
+    for runtime in (first, second):
+        await runtime.close()
+
+
+async def test_an_event_the_fold_refuses_is_not_confirmed_by_where_it_landed(
+    env: KafkaEnv,
+) -> None:
+    """Right at the end of the partition as the read found it, but a checkpoint that
+    claims messages the session does not hold: the projector refuses it, and the writer
+    hears that refusal instead of taking the event for applied."""
+    scope, row, (first, second) = await _read_by_two(env)
+    wrong = CheckpointWritten(
+        session_id="s1",
+        run_id=row.last_run_id or new_id("run"),
+        seq=row.last_seq + 1,
+        epoch=row.epoch,
+        payload=CheckpointWrittenPayload(
+            checkpoint_id=new_id("ckpt"),
+            turn=row.turns,
+            cumulative_usage=row.usage,
+            message_count=row.message_count + 5,
+            retain=0,
+        ),
+    )
+    await second.store.append([wrong])
+    with pytest.raises(InvalidEventError, match="message"):
+        await second.store.confirm(scope)
+    for runtime in (first, second):
+        await runtime.close()
+
+
+async def test_a_claim_with_no_projector_running_waits_for_it_even_at_the_partition_s_end(
+    env: KafkaEnv,
+) -> None:
+    """The read found the partition applied to its end, but no projector runs: a claim
+    is confirmed by its position only once this store has heard of a projector that got
+    that far, so the first claim of a store that never did waits, and times out naming
+    the processor."""
+    runtime = env.runtime(projection_timeout=1.5)
+    scope = Scope("s1")
+    row, _ = await runtime.store.head(scope)
+    assert row is None and runtime.store._watches[scope].read == (
+        await runtime.store._partition_of(scope),
+        0,
+        None,
+    )  # the read would do: only the projector is missing
+    claim = RunStarted(session_id="s1", run_id=new_id("run"), seq=1, epoch=1)
+    await runtime.store.append([claim])
+    with pytest.raises(ProjectionTimeoutError, match="loomflow processor"):
+        await runtime.store.confirm(scope)
+    await runtime.close()
+
+
+async def test_a_claim_made_of_a_read_of_the_unprojected_tail_waits_for_the_projector(
+    env: KafkaEnv,
+) -> None:
+    """The read folds the log's unprojected tail and keeps the first event at each seq;
+    the projector keeps the first it accepts. A stale writer's turn at seq N+1 before a
+    genuine one makes them differ: the read stops at the stale turn and finds seq N, the
+    projector applies the genuine turn at N+1. So a claim made of a read of an
+    unprojected tail is never confirmed by its position, however it landed: it waits for
+    the projector, which refuses it."""
+    projector = await env.start_projector()
+    runtime = env.runtime()
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    row = await runtime.store.session(Scope("s1"))
+    assert row is not None
+    await env.stop_projector(projector)
+
+    def turn(epoch: int) -> TurnAppended:
+        return TurnAppended(
+            session_id="s1",
+            run_id=row.last_run_id or new_id("run"),
+            seq=row.last_seq + 1,
+            epoch=epoch,
+            payload=TurnAppendedPayload(messages=[Message.user(f"epoch {epoch}")]),
+        )
+
+    producer = EventProducer(env.bootstrap, env.topics)
+    await producer.send([turn(row.epoch - 1), turn(row.epoch)])
+    await producer.stop()
+    read, _ = await runtime.store.head(Scope("s1"))
+    assert read == row  # the read stopped at the stale turn
+
+    await env.start_projector()
+    await eventually(env.caught_up, what="the projector to apply the tail")
+    claim = _claim(read)  # at seq N+1, right where the log ends
+    await runtime.store.append([claim])
+    with pytest.raises(SequenceConflictError):
+        await runtime.store.confirm(Scope("s1"))
+    other = env.runtime()
+    found = await other.store.session(Scope("s1"))
+    assert found is not None and found.last_seq == row.last_seq + 1
+    for opened in (runtime, other):
+        await opened.close()
