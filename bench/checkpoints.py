@@ -609,6 +609,13 @@ class LoomflowAdapter(Adapter):
             return None
         return LoomflowAdapter(self.store_name, self.tmp, self.servers, owner=False)
 
+    def processor_pid(self) -> int | None:
+        """The process id of ``loomflow processor`` (lf-kafka), else None."""
+        servers = self.servers
+        if servers is None or servers.processor is None or servers.processor.proc is None:
+            return None
+        return servers.processor.proc.pid
+
     def processor_facts(self) -> dict[str, Any]:
         servers = self.servers
         if servers is None or servers.processor is None:

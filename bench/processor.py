@@ -66,7 +66,12 @@ from typing import Any
 if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.workload import SYSTEM_PROMPT, pass_content, percentile
+from bench.workload import (
+    SYSTEM_PROMPT,
+    cpu_seconds_by_command,
+    pass_content,
+    percentile,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PARTITIONS = 6
@@ -77,7 +82,6 @@ READY_TIMEOUT_S = 90.0
 DONE_TIMEOUT_S = 900.0
 CHILD_TIMEOUT_S = 1200
 DASH = "\u2013"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 #: the settings of signatures: a worker's come from its case alone
 SIGNING_VARS = (
     "LOOMFLOW_SIGNING_KEY_FILE",
@@ -253,23 +257,6 @@ class Env:
         if profile is not None:
             argv += ["--profile", str(profile / f"worker-{self.tag}-{index}.pstats")]
         return argv
-
-
-def cpu_seconds_by_command(names: Sequence[str] = ("postgres", "java")) -> dict[str, float]:
-    """user+system CPU seconds of every live process named ``names`` (from /proc)."""
-    totals = dict.fromkeys(names, 0.0)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        if comm in totals:
-            fields = stat[stat.rindex(")") + 2 :].split()
-            totals[comm] += (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-    return totals
 
 
 class PositionWatch:

@@ -102,7 +102,14 @@ from bench.checkpoints import (  # noqa: E402
     run_measurement,
     schedule,
 )
-from bench.workload import SYSTEM_PROMPT, SearchDocs, pass_content, percentile  # noqa: E402
+from bench.workload import (  # noqa: E402
+    SYSTEM_PROMPT,
+    SearchDocs,
+    cpu_seconds_by_command,
+    cpu_seconds_of,
+    pass_content,
+    percentile,
+)
 
 MODEL = "claude-opus-4-7"
 VARIANTS = ("http", "scripted")
@@ -385,6 +392,8 @@ class Store:
     session: Callable[[int, int, Any, str], Session]
     #: facts of the store's servers (the Kafka processor), read once the session is done
     extra: Callable[[], dict[str, Any]] = dict
+    #: the process id of the store's processor, whose CPU a turn costs too (None: none)
+    processor: Callable[[], int | None] = lambda: None
 
 
 @contextlib.asynccontextmanager
@@ -404,7 +413,7 @@ async def _open_store(store: str, tmp: Path) -> Any:
     try:
         await adapter.open()
         try:
-            yield Store(adapter.runtime, Ours, adapter.processor_facts)
+            yield Store(adapter.runtime, Ours, adapter.processor_facts, adapter.processor_pid)
         finally:
             await adapter.close()
     finally:
@@ -441,16 +450,44 @@ async def _measure(store: str, variant: str, turns: int, server: str | None) -> 
                     os.environ["ANTHROPIC_BASE_URL"] = f"{server}/{token}"
                     os.environ.setdefault("ANTHROPIC_API_KEY", "bench-key")
                 session = opened.session(index, count, opened.runtime, variant)
+                before = _cpu(opened)
                 try:
                     result = await _drive(session)
                 finally:
                     await session.close()
+                result.update(_cpu_per_turn(before, _cpu(opened), count))
                 if server is not None:
                     stats = await asyncio.to_thread(_server_stats, server, token)
                     result.update(_request_facts(stats, count, result["problems"]))
                 if index < 0 and result["problems"]:
                     raise RuntimeError(f"warm-up session failed: {result['problems'][0]}")
             return {**_windows(result["ms"]), **result, **opened.extra()}
+
+
+def _cpu(opened: Store) -> dict[str, float | None]:
+    """CPU seconds so far of this process, the store's processor, every PostgreSQL
+    process and the Kafka broker (a ``java`` process): what a turn costs the machine."""
+    by_command = cpu_seconds_by_command(("postgres", "java"))
+    pid = opened.processor()
+    return {
+        "agent": time.process_time(),
+        "processor": None if pid is None else cpu_seconds_of(pid),
+        "postgres": by_command["postgres"],
+        "kafka": by_command["java"],
+    }
+
+
+def _cpu_per_turn(
+    before: dict[str, float | None], after: dict[str, float | None], turns: int
+) -> dict[str, float | None]:
+    """ms of CPU a turn, per process: ``cpu_<name>_ms``."""
+    per_turn: dict[str, float | None] = {}
+    for name, start in before.items():
+        end = after[name]
+        per_turn[f"cpu_{name}_ms"] = (
+            None if start is None or end is None else (end - start) / turns * 1e3
+        )
+    return per_turn
 
 
 def _request_facts(stats: dict[str, Any], turns: int, problems: list[str]) -> dict[str, Any]:
@@ -558,6 +595,15 @@ def _ms(value: float) -> str:
     return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
+#: the processes whose CPU a turn is reported for, in the report's order
+CPU_PARTS = ("agent", "processor", "postgres", "kafka")
+
+
+def _cpu_cell(runs: list[dict[str, Any]], name: str) -> str:
+    value = _med(runs, f"cpu_{name}_ms")
+    return "—" if value is None else f"{value:.2f}"
+
+
 def _x(value: float) -> str:
     return f"{value:.2f}x"
 
@@ -580,7 +626,7 @@ def report(
     ]
     if variant == "http":
         header += ["request KB turn 10", f"request KB turn {turns}"]
-    header.append("ok")
+    header += ["CPU ms a turn: agent / processor / PostgreSQL / Kafka", "ok"]
     title = {
         "http": "Claude through each one's Anthropic adapter, local Messages API over HTTP",
         "scripted": "scripted model, no HTTP",
@@ -605,6 +651,7 @@ def report(
             )
         if variant == "http":
             cells += [_cell(fine, "request_bytes_10", _kb), _cell(fine, "request_bytes_last", _kb)]
+        cells.append(" / ".join(_cpu_cell(fine, name) for name in CPU_PARTS))
         oks = sum(1 for r in fine if r["ok"])
         ok = "True" if oks == len(fine) else f"False ({oks}/{len(fine)})"
         if errors:
@@ -616,6 +663,12 @@ def report(
         f"ms: wall of one agent.run (turn 1) / agent.resume call; p50 of the ten turns of each "
         f"span in one session, then the median (min{DASH}max) over repetitions. vs 0.20.0: "
         f"the store's median over lf020-sqlite's (< 1: ours is faster)."
+    )
+    out.append(
+        "CPU ms a turn: user+system CPU of the measured session over its turns, medians: "
+        "this process (the agent), `loomflow processor` (lf-kafka), every PostgreSQL "
+        "process and the Kafka broker (every `java` process); on 2 cores a turn's wall "
+        "time cannot be below half their sum."
     )
     if variant == "http":
         out.append(

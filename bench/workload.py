@@ -23,6 +23,39 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+#: clock ticks per second of /proc's CPU times
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _stat_cpu_seconds(stat: str) -> float:
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+
+
+def cpu_seconds_by_command(names: Sequence[str] = ("postgres", "java")) -> dict[str, float]:
+    """user+system CPU seconds of every live process named ``names`` (from /proc)."""
+    totals = dict.fromkeys(names, 0.0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        if comm in totals:
+            totals[comm] += _stat_cpu_seconds(stat)
+    return totals
+
+
+def cpu_seconds_of(pid: int) -> float | None:
+    """user+system CPU seconds of process ``pid`` so far (None: it is gone)."""
+    try:
+        return _stat_cpu_seconds(Path(f"/proc/{pid}/stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 #: variant -> (sessions, passes per session)
 VARIANTS: dict[str, tuple[int, int]] = {"single": (1, 200), "conc": (50, 40), "big": (1, 100)}
 USER_CHARS, ASSISTANT_CHARS, TOOL_CHARS = 200, 600, 400

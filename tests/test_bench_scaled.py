@@ -203,3 +203,20 @@ def test_a_parts_json_is_read_back_and_a_failure_reported(
     assert "| a table |" in capsys.readouterr().out
     failing = [sys.executable, "-c", "raise SystemExit(3)"]
     assert scaled.run_part("pass", failing, tmp_path) == {"error": "exit 3, no JSON written"}
+
+
+def test_a_turn_s_cpu_is_reported_per_process_with_the_turn() -> None:
+    """bench.turn: each process's CPU a turn, from /proc before and after the session,
+    in the table beside the turn's wall time (what bounds a pass on a small machine)."""
+    before = {"agent": 1.0, "processor": 2.0, "postgres": 10.0, "kafka": None}
+    after = {"agent": 1.3, "processor": 2.6, "postgres": 10.15, "kafka": None}
+    per_turn = turn._cpu_per_turn(before, after, 100)
+    assert per_turn["cpu_agent_ms"] == pytest.approx(3.0)
+    assert per_turn["cpu_processor_ms"] == pytest.approx(6.0)
+    assert per_turn["cpu_postgres_ms"] == pytest.approx(1.5)
+    assert per_turn["cpu_kafka_ms"] is None  # not measured: never a zero
+    run = {"second_p50": 9.0, "ok": True, **per_turn}
+    table = turn.report("scripted", ["lf-kafka"], {"lf-kafka": [run]}, 30)
+    assert "| 3.00 / 6.00 / 1.50 / — |" in table
+    mine = turn._cpu(turn.Store(runtime=None, session=None))  # type: ignore[arg-type]
+    assert mine["processor"] is None and mine["agent"] is not None and mine["agent"] > 0

@@ -220,8 +220,12 @@ class Runtime(Resource):
         from loomflow.schemas.events import RunStarted, RunStartedPayload, SessionForked
 
         newest = mode == "resume" and from_checkpoint is None
-        for _ in range(8):
-            row, latest = await self._store.head(scope, checkpoint=newest)
+        for attempt in range(8):
+            # a claim made of what the store knows is refused if it was stale: then read
+            # (a conditional claim reads: a stale seq would refuse it without trying)
+            known = attempt == 0 and claim_after is None
+            read = self._store.claim_head if known else self._store.head
+            row, latest = await read(scope, checkpoint=newest)
             if fork is not None and row is not None:
                 raise InvalidIdError(f"fork target {scope.describe()} already exists")
             if claim_after is not None and (row is None or row.last_seq != claim_after):
@@ -260,8 +264,8 @@ class Runtime(Resource):
             events.append(writer.make(RunStarted, started, offset=len(events)))
             try:
                 await self._store.append(events)
-                # the one synchronous point of a run: the claim is applied before it goes on
-                await self._store.confirm(scope)
+                # the one synchronous point of a run: the claim holds before it goes on
+                await self._store.confirm(scope, visible=False)
             except SequenceConflictError:
                 if claim_after is not None:
                     raise RunTakenError(

@@ -9,10 +9,11 @@ Consistency, as a user meets it:
 - The claim of a session (the new epoch at the start of a run) is the one synchronous
   point: ``open_session`` returns once it is known to hold, so two writers never both
   think they own a session. Usually the log's order says so: a claim that Kafka put
-  right at the end of the partition as the claim's read of the session found it follows
-  no other record, so the projector's verdict on it is the one the fold gave on that
-  read (see ``KafkaStore.confirm``). Otherwise ``open_session`` waits for the projector
-  to apply it.
+  right at the end of the partition as this store knew the session follows no other
+  record, so the projector's verdict on it is the one the fold gave (see
+  ``KafkaStore.confirm``). Otherwise ``open_session`` waits for the projector's verdict.
+  The process that ran a session last knows it without reading it, until the projector
+  applies a record after its own (``KafkaStore.claim_head``).
 - A fenced writer learns it from the projector's notifications (a newer epoch applied,
   or one of its events refused) and raises the embedded runtimes' typed error before its
   next append; at the latest when its run ends (``confirm``). A cancel is such a newer
@@ -136,6 +137,10 @@ class _Positions:
     def passed(self, wanted: dict[int, int]) -> bool:
         return _past(self._seen, wanted)
 
+    def at(self, partition: int) -> int:
+        """The projector's next offset in ``partition`` as last heard or read (-1: none)."""
+        return self._seen.get(partition, -1)
+
     def heard_passed(self, wanted: dict[int, int], on: int) -> bool:
         """Whether notifications on connection ``on`` passed ``wanted``."""
         return on == self._heard_on and _past(self._heard, wanted)
@@ -169,6 +174,43 @@ class _Positions:
         return done
 
 
+#: ``_Known.latest`` when the newest checkpoint's id is not known
+_UNKNOWN = "?"
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A session as the log has it below ``end`` in ``partition``: ``row`` is the fold of
+    every record there, and ``latest`` the newest checkpoint's id (None: it has none;
+    ``_UNKNOWN``: not known). An event that Kafka puts at ``end`` comes after no record
+    the row does not hold, so the projector's verdict on it is the fold's on ``row``."""
+
+    partition: int
+    end: int
+    row: SessionRecord | None
+    latest: str | None
+
+    def then(self, landed: Sequence[tuple[Event, int, int]]) -> _Known | None:
+        """The session after ``landed`` (events of it acknowledged in the log's order,
+        with their partition and offset), all applied: still known when they follow
+        ``row`` seq by seq, so that nothing else of the session came between them (an
+        event the projector applied there would have taken a seq of theirs)."""
+        row, latest = self.row, self.latest
+        for event, partition, _ in landed:
+            if partition != self.partition or event.seq != (row.last_seq if row else 0) + 1:
+                return None
+            try:
+                row, _ = fold(row, event)
+            except InvalidEventError:
+                return None
+            if isinstance(event, CheckpointWritten):
+                latest = event.payload.checkpoint_id
+            elif isinstance(event, CheckpointsPruned):
+                latest = _UNKNOWN
+        end = max((offset + 1 for _, _, offset in landed), default=self.end)
+        return _Known(self.partition, max(end, self.end), row, latest)
+
+
 @dataclass
 class _Watch:
     """What this store knows of a session it appended to."""
@@ -191,9 +233,10 @@ class _Watch:
     #: partition and offset: once the projector applied them, the read model's
     #: transcript cache follows them
     landed: list[tuple[Event, int, int]] = field(default_factory=list)
-    #: what the last ``head`` of the session read: its partition, that partition's end
-    #: then, and the session as the log had it below that end (see ``KafkaStore.confirm``)
-    read: tuple[int, int, SessionRecord | None] | None = None
+    #: the session as the log has it below an offset of its partition, where this store
+    #: knows it whole: read by ``head`` from a read model that had applied the partition
+    #: to its end, then followed through this store's confirmed appends (None: unknown)
+    known: _Known | None = None
     #: journal steps appended, with their partition and offset, until the projector has them
     steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
     #: sent and not yet acknowledged (see KafkaStore.send)
@@ -525,15 +568,17 @@ class KafkaStore(EventStore):
         elif note.get("event") in watch.unconfirmed and watch.refusal is None:
             watch.refusal = (str(note.get("error")), str(note.get("reason")))
 
-    async def confirm(self, scope: Scope) -> None:
+    async def confirm(self, scope: Scope, *, visible: bool = True) -> None:
         """Wait until the projector applied this store's appends to ``scope``; raise the
         typed refusal of any of them.
 
-        A claim made of a ``head`` that found the partition applied to its end, and put
-        by Kafka right at that end, is not waited for (see ``_follows_read``): nothing
-        came between the projector's row and it, so the projector applies it as the
-        fold just did. That is the common case of a session resumed where it was left,
-        in a partition no one else wrote to meanwhile; a busy partition waits.
+        ``visible=False`` (a claim) asks for the verdict alone: appends that Kafka put
+        right at the end of the partition as this store knows the session (read by a
+        ``head`` that found the partition applied to its end, then followed through its
+        confirmed appends) are not waited for (see ``_follows``): nothing came between
+        the projector's row and them, so the projector applies them as the fold just did.
+        That is the common case of a session resumed where it was left, in a partition no
+        one else wrote to meanwhile; a busy partition waits.
 
         The refusals are heard on the LISTEN connection; the read model is asked for them
         (one round trip) only when that connection cannot have heard them all: it was
@@ -543,12 +588,14 @@ class KafkaStore(EventStore):
         watch = self._watches.get(scope)
         if watch is None or not watch.unconfirmed:
             return
-        read, watch.read = watch.read, None
-        if read is not None and self._follows_read(watch, *read):
+        known, watch.known = watch.known, None
+        after = None if known is None or visible else self._follows(watch, known)
+        if after is not None:
             # what the projector will make of them is known: it applies them
             applied = [event for event, _, _ in watch.landed]
             watch.unconfirmed.clear()
             watch.landed = []
+            watch.known = after
             self._reads.follow(applied)
             return
         await self._projected(watch.written)
@@ -564,44 +611,43 @@ class KafkaStore(EventStore):
         watch.steps = {
             k: v for k, v in watch.steps.items() if not self._positions.passed({v[0]: v[1]})
         }
-        applied = [e for e, _, _ in watch.landed if e.event_id in ids]
+        confirmed = [x for x in watch.landed if x[0].event_id in ids]
         watch.landed = [x for x in watch.landed if x[0].event_id not in ids]
         if refusal is not None:
             self._reads.forget(scope)  # its transcript may hold what was refused
             raise _refusal(*refusal)
+        if known is not None and len(confirmed) == len(ids) and not watch.landed:
+            watch.known = known.then(confirmed)
+        applied = [event for event, _, _ in confirmed]
         # the read model holds them now, at their seqs: the next read of this session (a
         # resume in this process) is served from memory, the very message objects the run
         # appended, so a model's work on its transcript carries on instead of starting over
         self._reads.follow(applied)
 
-    def _follows_read(
-        self, watch: _Watch, partition: int, end: int, row: SessionRecord | None
-    ) -> bool:
-        """Whether the projector's verdict on the unconfirmed events is known without
-        waiting for it: they are all acknowledged, in ``partition`` at ``end``, ``end``
-        + 1, ... (``head`` read ``row`` from the read model when the projector had
-        applied the partition up to its end, ``end``: no other record, of this session
-        or any, came between that row and them), this store has heard of a projector
-        that applied the partition that far (one ran: a claim with none running waits
-        for it, and its timeout names the processor), and the fold and the rule of
+    def _follows(self, watch: _Watch, known: _Known) -> _Known | None:
+        """The session after the unconfirmed events when the projector's verdict on them
+        is known without waiting for it (None: it is not): they are all acknowledged, in
+        the known partition at ``known.end``, ``end`` + 1, ... (no other record, of this
+        session or any, came between the known row and them), this store has heard of a
+        projector that applied the partition that far (one ran: a claim with none running
+        waits for it, and its timeout names the processor), and the fold and the rule of
         signatures, which the projector applies to that same row, accept each in turn.
         Anything else waits for the projector."""
         landed = watch.landed
         if (
             watch.refusal is not None
             or len(landed) != len(watch.unconfirmed)
-            or not self._positions.passed({partition: end - 1})
+            or not self._positions.passed({known.partition: known.end - 1})
         ):
-            return False
-        for k, (event, at_partition, offset) in enumerate(landed):
-            if at_partition != partition or offset != end + k:
-                return False
+            return None
+        for k, (event, partition, offset) in enumerate(landed):
+            if partition != known.partition or offset != known.end + k:
+                return None
             try:
                 self.signatures.check(event)
-                row, _ = fold(row, event)
             except InvalidEventError:
-                return False  # the projector refuses it: its verdict is awaited, and raised
-        return True
+                return None  # the projector refuses it: its verdict is awaited, and raised
+        return known.then(landed)  # None when the fold refuses one
 
     async def _projected(self, wanted: dict[int, int]) -> None:
         """Wait until the projector's committed positions pass ``wanted``.
@@ -716,7 +762,11 @@ class KafkaStore(EventStore):
         row, latest, since = await projected
         # the projector's own row, of every record of the partition below its end: what
         # a claim made of this read needs to be confirmed without the projector
-        self._watch(scope).read = (partition, end, row) if since >= end else None
+        self._watch(scope).known = (
+            _Known(partition, end, row, latest if checkpoint else _UNKNOWN)
+            if since >= end
+            else None
+        )
         pruned = False
         for event in await self.unprojected(scope, row.last_seq if row else 0, since, end=end):
             try:
@@ -730,6 +780,28 @@ class KafkaStore(EventStore):
             newest = await self.checkpoint(scope, None)
             latest = None if newest is None else newest.checkpoint_id
         return row, latest if checkpoint else None
+
+    async def claim_head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None]:
+        """``head`` for a claim, without reading the session when this store knows it:
+        it confirmed its own last appends to it, and the projector has applied the
+        session's partition exactly up to them, so no record came after them that the
+        projector applied. A record in flight is not seen here, but the claim's
+        confirmation sees it (the claim lands behind it: the projector's verdict is
+        awaited, and a claim it refuses is made again of a read; ``open_session``)."""
+        watch = self._watches.get(scope)
+        known = None if watch is None else watch.known
+        if (
+            known is None
+            or watch is None
+            or watch.unconfirmed
+            or watch.sending
+            or self._positions.at(known.partition) != known.end
+            or (checkpoint and known.latest == _UNKNOWN)
+        ):
+            return await self.head(scope, checkpoint=checkpoint)
+        return known.row, known.latest if checkpoint else None
 
     async def projected_session(self, scope: Scope) -> tuple[SessionRecord | None, int]:
         """The session's row in the read model, and the projector's position in the

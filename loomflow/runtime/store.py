@@ -115,6 +115,14 @@ class EventStore(Resource, ABC):
         latest = await self.checkpoint(scope, None) if checkpoint and row is not None else None
         return row, None if latest is None else latest.checkpoint_id
 
+    async def claim_head(
+        self, scope: Scope, *, checkpoint: bool = False
+    ) -> tuple[SessionRecord | None, str | None]:
+        """``head`` as a claim reads it: a store may answer from what it knows of the
+        session instead of reading it, when a claim made of a stale answer is refused
+        (it then reads the session and claims again)."""
+        return await self.head(scope, checkpoint=checkpoint)
+
     @abstractmethod
     async def checkpoint(self, scope: Scope, checkpoint_id: str | None) -> CheckpointRow | None:
         """The named checkpoint (the newest when id is None), or None."""
@@ -227,13 +235,14 @@ class EventStore(Resource, ABC):
         """
         await self.open()
 
-    async def confirm(self, scope: Scope) -> None:
+    async def confirm(self, scope: Scope, *, visible: bool = True) -> None:
         """Return once the read model holds every event this store appended to ``scope``.
 
         Raise the typed refusal (an InvalidEventError subclass) of any of them. The
         embedded stores fold each append in its own transaction, so they have applied
         (or refused) an append when it returns; a log-first store (Kafka) waits here for
-        its projector.
+        its projector. ``visible=False`` asks for the verdict alone (a claim: whether the
+        session is this writer's), which such a store may know without the projector.
         """
 
 

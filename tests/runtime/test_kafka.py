@@ -371,7 +371,8 @@ async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
 
 
 def _counted(runtime: KafkaRuntime, seen: list[str]) -> None:
-    """Note in ``seen`` every query of the read model and every wait for the projector."""
+    """Note in ``seen`` every query of the read model, every request for the end of a
+    partition and every wait for the projector."""
     store = runtime.store
     call, projected = store._reads._call, store._projected
 
@@ -383,8 +384,22 @@ def _counted(runtime: KafkaRuntime, seen: list[str]) -> None:
         seen.append("projector wait")
         await projected(wanted)
 
+    end_of = store._end_of
+
+    async def counted_end(partition: int) -> int:
+        seen.append("log end")  # a request to Kafka for the partition's end
+        return await end_of(partition)
+
     store._reads._call = counted_read  # type: ignore[method-assign,assignment]
     store._projected = counted_wait  # type: ignore[method-assign]
+    store._end_of = counted_end  # type: ignore[method-assign]
+
+
+def _reads(seen: list[str]) -> list[str]:
+    """What ``_counted`` noted before the first model call, the first two sorted: the
+    read model and the log's end are asked at once, and answer in either order."""
+    before = seen[: seen.index("model call")]
+    return sorted(before[:2]) + before[2:]
 
 
 def _heard(agent: Agent, seen: list[str], calls: list[list[Message]]) -> None:
@@ -399,24 +414,25 @@ def _heard(agent: Agent, seen: list[str], calls: list[list[Message]]) -> None:
     agent.model.complete = noted  # type: ignore[method-assign]
 
 
-async def test_a_resume_reads_the_session_once_and_does_not_wait_for_the_projector_before_its_model(
+async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_nothing_first(
     env: KafkaEnv,
 ) -> None:
-    """What a Kafka resume pays before its first model call: one read of the session (the
-    read model's row plus the log's unprojected tail, with the newest checkpoint), and
-    the claim's acknowledgement. The claim is confirmed by where Kafka put it: right at
-    the end of a partition the projector had applied when the session was read, so no
-    other record came between the row and it (design: "One synchronous point per run").
-    Returning waits for the projector once, so that every process reads the run's
-    checkpoints; that confirm asks the read model for no refusals: the runtime's LISTEN
-    connection was up throughout and heard the positions, so it heard every refusal
-    before them.
+    """What a Kafka resume pays before its first model call in the process that ran the
+    session last: the claim's acknowledgement, nothing else. The session is known there
+    (its last run's appends, confirmed, and the projector applied the partition exactly
+    up to them), and the claim is confirmed by where Kafka put it: right after them, so
+    no other record came between (design: "One synchronous point per run"). Returning
+    waits for the projector once, so that every process reads the run's checkpoints;
+    that confirm asks the read model for no refusals: the runtime's LISTEN connection was
+    up throughout and heard the positions, so it heard every refusal before them.
 
-    The process that ran the session before reads no transcript: what the projector
-    applied of its own appends is served from memory, and the model is handed the very
-    message objects the last run had, so its work on them (a count, a conversion, the
-    transcript's hash) carries on instead of starting over each turn. Another process
-    reads the transcript once."""
+    That process reads no transcript either: what the projector applied of its own
+    appends is served from memory, and the model is handed the very message objects the
+    last run had, so its work on them (a count, a conversion, the transcript's hash)
+    carries on instead of starting over each turn. Another process reads the session
+    (the read model's row, the newest checkpoint and the projector's position at once,
+    and the log's end) and the transcript once; after it ran, so does the first one:
+    the projector has applied records past what it knew."""
     await env.start_projector()
     runtime = env.runtime()
     ran = Research(passes=2).agent(runtime)
@@ -430,9 +446,8 @@ async def test_a_resume_reads_the_session_once_and_does_not_wait_for_the_project
     _heard(agent, seen, calls)
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
-    assert seen[: seen.index("model call")] == ["load_head"]
+    assert seen[: seen.index("model call")] == []
     assert [s for s in seen if s not in ("model call", "get_step")] == [
-        "load_head",  # the row, the newest checkpoint and the projector's position at once
         "projector wait",  # the run's return: its checkpoints are readable everywhere
     ]
     before = last[-1]
@@ -446,9 +461,47 @@ async def test_a_resume_reads_the_session_once_and_does_not_wait_for_the_project
     _heard(agent, seen, [])
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 9 and result.turns == 12
-    assert seen[: seen.index("model call")] == ["load_head", "read_transcript"]
+    assert _reads(seen) == ["load_head", "log end", "read_transcript"]
+
+    seen.clear()  # the first process again: the other one's run came after what it knew
+    agent = Research(passes=5).agent(runtime)
+    _heard(agent, seen, [])
+    result = await agent.resume(session_id="s1")
+    assert result.restored_turns == 12 and result.turns == 15
+    assert _reads(seen) == ["load_head", "log end", "read_transcript"]
     await other.close()
     await runtime.close()
+
+
+async def test_a_claim_made_of_a_known_session_another_process_wrote_to_is_made_again(
+    env: KafkaEnv,
+) -> None:
+    """The race the known session leaves open: another process claims the session (its
+    claim confirmed by its position too) while the projector is away, so the first
+    process has heard of nothing past what it knew. Its claim lands behind the other's:
+    it waits for the projector, which refuses it, then reads the session and claims it
+    again, and the resume goes on from where the other run left the session."""
+    projector = await env.start_projector()
+    first, second = env.runtime(), env.runtime()
+    await Research(passes=1).agent(first).run("Research.", session_id="s1")
+    await env.stop_projector(projector)
+    scope = Scope("s1")
+    theirs = await second.open_session(scope, run_id=new_id("run"))
+    partition = await first.store._partition_of(scope)
+    assert first.store._positions.at(partition) == second.store._positions.at(partition)
+    seen: list[str] = []
+    _counted(first, seen)
+    resuming = asyncio.create_task(Research(passes=2).agent(first).resume(session_id="s1"))
+    await eventually(lambda: "projector wait" in seen, what="the first claim's wait")
+    await env.start_projector()
+    result = await asyncio.wait_for(resuming, 60)
+    assert result.restored_turns == 3 and result.turns == 6
+    assert seen[0] == "projector wait"  # refused: then read, and claimed again
+    assert sorted(seen[1:3]) == ["load_head", "log end"]
+    row = await first.store.session(scope)
+    assert row is not None and row.epoch == theirs.epoch + 1
+    for runtime in (first, second):
+        await runtime.close()
 
 
 async def test_a_final_answer_goes_out_with_the_run_s_end_in_one_acknowledgement(
@@ -538,12 +591,12 @@ async def test_a_claim_kafka_put_behind_another_record_waits_for_the_projector_s
     _counted(first, waits)
     mine, theirs = _claim(row), _claim(row)
     await first.store.append([mine])
-    await first.store.confirm(scope)
+    await first.store.confirm(scope, visible=False)
     assert "projector wait" not in waits
     _counted(second, waits)
     await second.store.append([theirs])
     with pytest.raises(SequenceConflictError):
-        await second.store.confirm(scope)
+        await second.store.confirm(scope, visible=False)
     assert waits.count("projector wait") == 1
     found = await second.store.session(scope)
     assert found is not None and found.last_run_id == mine.run_id
@@ -574,7 +627,7 @@ async def test_an_event_the_fold_refuses_is_not_confirmed_by_where_it_landed(
     )
     await second.store.append([wrong])
     with pytest.raises(InvalidEventError, match="message"):
-        await second.store.confirm(scope)
+        await second.store.confirm(scope, visible=False)
     for runtime in (first, second):
         await runtime.close()
 
@@ -589,15 +642,12 @@ async def test_a_claim_with_no_projector_running_waits_for_it_even_at_the_partit
     runtime = env.runtime(projection_timeout=1.5)
     scope = Scope("s1")
     row, _ = await runtime.store.head(scope)
-    assert row is None and runtime.store._watches[scope].read == (
-        await runtime.store._partition_of(scope),
-        0,
-        None,
-    )  # the read would do: only the projector is missing
+    known = runtime.store._watches[scope].known
+    assert row is None and known is not None and known.end == 0  # only the projector is missing
     claim = RunStarted(session_id="s1", run_id=new_id("run"), seq=1, epoch=1)
     await runtime.store.append([claim])
     with pytest.raises(ProjectionTimeoutError, match="loomflow processor"):
-        await runtime.store.confirm(scope)
+        await runtime.store.confirm(scope, visible=False)
     await runtime.close()
 
 
@@ -637,7 +687,7 @@ async def test_a_claim_made_of_a_read_of_the_unprojected_tail_waits_for_the_proj
     claim = _claim(read)  # at seq N+1, right where the log ends
     await runtime.store.append([claim])
     with pytest.raises(SequenceConflictError):
-        await runtime.store.confirm(Scope("s1"))
+        await runtime.store.confirm(Scope("s1"), visible=False)
     other = env.runtime()
     found = await other.store.session(Scope("s1"))
     assert found is not None and found.last_seq == row.last_seq + 1

@@ -31,7 +31,7 @@ class SendsAhead(InProcStore):
         await super().append(batch)
         self.acknowledged.update(e.event_id for e in batch)
 
-    async def confirm(self, scope: Scope) -> None:
+    async def confirm(self, scope: Scope, *, visible: bool = True) -> None:
         if self.held:
             await self.append([])
 

@@ -212,7 +212,7 @@ class SendsAhead(Failing):
         batch, self.held = [*self.held, *events], []
         await super().append(batch)
 
-    async def confirm(self, scope: Scope) -> None:
+    async def confirm(self, scope: Scope, *, visible: bool = True) -> None:
         if self.confirm_fails is not None:
             raise self.confirm_fails
         if self.held:
