@@ -656,3 +656,61 @@ async def test_an_append_from_remembered_rows_is_one_statement_and_never_outlive
     assert await other.store.read_events(scope) == []
     for runtime in (mine, other):
         await runtime.close()
+
+
+def _heads(runtime: PostgresRuntime) -> list[str]:
+    """Note each read of a session's head by ``runtime``'s store (one round trip each)."""
+    seen: list[str] = []
+    store = runtime.store
+    head = store.head
+
+    async def counted(scope: Scope, *, checkpoint: bool = False) -> Any:
+        seen.append("head")
+        return await head(scope, checkpoint=checkpoint)
+
+    store.head = counted  # type: ignore[method-assign]
+    return seen
+
+
+async def _newest_claimed(runtime: PostgresRuntime, scope: Scope) -> str | None:
+    """The checkpoint the session's last run.started says it continues from."""
+    starts = [e for e in await runtime.store.read_events(scope) if isinstance(e, RunStarted)]
+    return starts[-1].payload.from_checkpoint
+
+
+async def test_a_resume_where_the_session_was_left_claims_it_without_reading_it(
+    dsn: str, schema: str
+) -> None:
+    """The process whose commit left the session last claims it from that row and its
+    newest checkpoint, no round trip first. Once another process wrote to the session
+    that row is stale: the claim is refused, the session read, and claimed again; and
+    what that process knew of the newest checkpoint is forgotten, not carried over a
+    run that wrote none."""
+    scope = Scope("s1")
+    async with (
+        PostgresRuntime(dsn, schema=schema) as mine,
+        PostgresRuntime(dsn, schema=schema) as other,
+    ):
+        await Research(passes=1).agent(mine).run("Research.", session_id="s1")
+        reads = _heads(mine)
+        result = await Research(passes=2).agent(mine).resume(session_id="s1")
+        assert result.restored_turns == 3 and result.turns == 6
+        assert reads == []
+        newest = (await mine.list_checkpoints(scope, 1))[0].checkpoint_id
+        assert await _newest_claimed(mine, scope) != newest  # it continued the one before
+
+        result = await Research(passes=3).agent(other).resume(session_id="s1")
+        assert result.restored_turns == 6 and await _newest_claimed(other, scope) == newest
+        theirs = (await other.list_checkpoints(scope, 1))[0].checkpoint_id
+
+        quiet = Research(passes=4).agent(mine, checkpoint=False)  # writes no checkpoint
+        result = await quiet.resume(session_id="s1")
+        assert result.restored_turns == 9 and result.turns == 12
+        assert reads == ["head"]  # after its claim from the stale row was refused
+        assert await _newest_claimed(mine, scope) == theirs
+
+        reads.clear()
+        result = await Research(passes=5).agent(mine).resume(session_id="s1")
+        assert result.restored_turns == 12
+        assert reads == ["head"]  # the newest checkpoint it knew of was forgotten
+        assert await _newest_claimed(mine, scope) == theirs
