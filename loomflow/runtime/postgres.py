@@ -250,22 +250,28 @@ class PostgresStore(DatabaseStore):
     ) -> None:
         """Carry each session's newest checkpoint id over this store's commit of
         ``events``: known after it when it was known with the row before it (the row
-        ``_known`` held then), or when the commit wrote a checkpoint."""
+        ``_known`` held then) and the commit's row follows that row by these events
+        alone (not after a write in doubt that landed unseen), or when the commit wrote
+        a checkpoint."""
         for scope, row in before.items():
             kept = self._newest.pop(scope, None)
-            latest = (
-                kept[1] if kept is not None and row is not None and kept[0] is row else _UNKNOWN
+            mine = [event for event in events if scope_of(event) == scope]
+            now = self._known.get(scope)
+            follows = (
+                kept is not None
+                and row is not None
+                and kept[0] is row
+                and now is not None
+                and now.last_seq == row.last_seq + len(mine)
             )
-            for event in events:
-                if scope_of(event) != scope:
-                    continue
+            latest = kept[1] if follows and kept is not None else _UNKNOWN
+            for event in mine:
                 if isinstance(event, CheckpointWritten):
                     latest = event.payload.checkpoint_id
                 elif isinstance(event, SessionForked):
                     latest = None  # a new session: no checkpoint yet
                 elif isinstance(event, CheckpointsPruned | SessionErased):
                     latest = _UNKNOWN
-            now = self._known.get(scope)
             if now is not None and latest is not _UNKNOWN:
                 self._newest[scope] = (now, latest)
         if len(self._newest) > 2 * len(self._known) + 64:  # rows that left ``_known``

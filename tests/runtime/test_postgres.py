@@ -714,3 +714,42 @@ async def test_a_resume_where_the_session_was_left_claims_it_without_reading_it(
         assert result.restored_turns == 12
         assert reads == ["head"]  # the newest checkpoint it knew of was forgotten
         assert await _newest_claimed(mine, scope) == theirs
+
+
+def _checkpoint(message_count: int) -> CheckpointWrittenPayload:
+    return CheckpointWrittenPayload(
+        checkpoint_id=new_id("ckpt"),
+        turn=0,
+        cumulative_usage=Usage(),
+        message_count=message_count,
+        retain=0,
+    )
+
+
+async def test_a_write_in_doubt_that_landed_unseen_makes_the_newest_checkpoint_unknown(
+    dsn: str, schema: str
+) -> None:
+    """A write whose commit landed while its connection was lost (the writer learns it by
+    reading the session, and goes on after it) may have written a checkpoint this store
+    never saw: the next commit's row does not follow the row before it by its own events
+    alone, so the newest checkpoint it knew of is not carried over; the claim reads it."""
+    scope = Scope("s1")
+    async with (
+        PostgresRuntime(dsn, schema=schema) as mine,
+        PostgresRuntime(dsn, schema=schema) as elsewhere,
+    ):
+        writer = await mine.open_session(scope, run_id=new_id("run"))
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("a")]))
+        first = writer.stage(CheckpointWritten, _checkpoint(1))
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("b")]))
+        assert (await mine.store.claim_head(scope, checkpoint=True))[1] == (
+            first.payload.checkpoint_id
+        )
+        # the write in doubt: it landed (here through another connection), unseen
+        landed = writer.make(CheckpointWritten, _checkpoint(2))
+        await elsewhere.store.append([landed])
+        writer.next_seq += 1  # what the writer does once it read that it landed
+        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("c")]))
+        row, latest = await mine.store.claim_head(scope, checkpoint=True)
+        assert latest == landed.payload.checkpoint_id
+        assert row is not None and row.last_seq == writer.next_seq - 1
