@@ -14,12 +14,14 @@ from loomflow.errors import (
     CheckpointNotFoundError,
     CorruptRecordError,
     InvalidIdError,
+    RunCancelledError,
     RunTakenError,
     SequenceConflictError,
     SerializationError,
     SessionBusyError,
     SessionNotFoundError,
     SignalRefusedError,
+    StaleWriterError,
 )
 from loomflow.lifecycle import Resource
 from loomflow.runtime.store import EventStore
@@ -273,6 +275,12 @@ class Runtime(Resource):
                         f"{claim_after + 1} first"
                     ) from None
                 continue  # another writer opened the session between our read and write
+            except (StaleWriterError, RunCancelledError):
+                if not known:
+                    raise
+                # what the store knew was older than another process's claims (or its
+                # cancel): the epoch is refused before the seq; read the session, claim again
+                continue
             writer.next_seq += len(events)
             writer.opened = events
             for event in events:  # the session as the claim left it, without reading it again

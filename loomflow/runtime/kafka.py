@@ -364,6 +364,9 @@ class KafkaStore(EventStore):
         self._positions = _Positions()
         self._listener = _Listener(settings, self._positions.advance, self._heard)
         self._watches: dict[Scope, _Watch] = {}
+        #: the projector applied an event of this store's: it runs, and takes this store's
+        #: events as this store does (the same configuration, a key its keyring trusts)
+        self._vouched = False
         self._consumer: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
         self._started = False
@@ -619,6 +622,7 @@ class KafkaStore(EventStore):
         if known is not None and len(confirmed) == len(ids) and not watch.landed:
             watch.known = known.then(confirmed)
         applied = [event for event, _, _ in confirmed]
+        self._vouched = self._vouched or bool(applied)
         # the read model holds them now, at their seqs: the next read of this session (a
         # resume in this process) is served from memory, the very message objects the run
         # appended, so a model's work on its transcript carries on instead of starting over
@@ -628,17 +632,13 @@ class KafkaStore(EventStore):
         """The session after the unconfirmed events when the projector's verdict on them
         is known without waiting for it (None: it is not): they are all acknowledged, in
         the known partition at ``known.end``, ``end`` + 1, ... (no other record, of this
-        session or any, came between the known row and them), this store has heard of a
-        projector that applied the partition that far (one ran: a claim with none running
-        waits for it, and its timeout names the processor), and the fold and the rule of
-        signatures, which the projector applies to that same row, accept each in turn.
-        Anything else waits for the projector."""
+        session or any, came between the known row and them), the projector applied an
+        event of this store's before (it runs, configured as this store is and trusting
+        its key: a store's first claim waits for it, and a timeout names the processor),
+        and the fold and the rule of signatures, which the projector applies to that same
+        row, accept each in turn. Anything else waits for the projector."""
         landed = watch.landed
-        if (
-            watch.refusal is not None
-            or len(landed) != len(watch.unconfirmed)
-            or not self._positions.passed({known.partition: known.end - 1})
-        ):
+        if not self._vouched or watch.refusal is not None or len(landed) != len(watch.unconfirmed):
             return None
         for k, (event, partition, offset) in enumerate(landed):
             if partition != known.partition or offset != known.end + k:

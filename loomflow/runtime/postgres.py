@@ -11,28 +11,18 @@ import asyncpg
 
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import postgres as pg
-from loomflow.projections.apply import scopes
 from loomflow.projections.fold import PruneFilter
 from loomflow.projections.postgres import store_error
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.store import DatabaseStore, PruneResult
-from loomflow.schemas import (
-    CheckpointsPruned,
-    CheckpointWritten,
-    Event,
-    SessionErased,
-    SessionForked,
-)
+from loomflow.schemas import Event
 from loomflow.schemas.codec import Serializer
-from loomflow.schemas.scope import Scope, scope_of
+from loomflow.schemas.scope import Scope
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.settings import Settings
 
 __all__ = ["PostgresRuntime", "PostgresStore"]
-
-#: ``_newest``'s id when the newest checkpoint is not known
-_UNKNOWN = "?"
 
 T = TypeVar("T")
 
@@ -114,9 +104,6 @@ class PostgresStore(DatabaseStore):
         super().__init__()
         #: the session rows of this store's own last commits (see pg.commit_round)
         self._known: dict[Scope, SessionRecord] = {}
-        #: a session's newest checkpoint id (None: none), and the row of ``_known`` it
-        #: goes with: it holds while that row is still the one there (``claim_head``)
-        self._newest: dict[Scope, tuple[SessionRecord, str | None]] = {}
         self._writes = GroupCommit(
             lambda batches: self._call(pg.commit_round, batches, self._known), self._cache
         )
@@ -241,61 +228,24 @@ class PostgresStore(DatabaseStore):
         if not events:
             return
         await self._ready()  # fail here, not in the drainer, when the store cannot open
-        before = {scope: self._known.get(scope) for scope in scopes(events)}
         await self._writes.append(list(events))
-        self._follow_newest(before, events)
-
-    def _follow_newest(
-        self, before: dict[Scope, SessionRecord | None], events: Sequence[Event]
-    ) -> None:
-        """Carry each session's newest checkpoint id over this store's commit of
-        ``events``: known after it when it was known with the row before it (the row
-        ``_known`` held then) and the commit's row follows that row by these events
-        alone (not after a write in doubt that landed unseen), or when the commit wrote
-        a checkpoint."""
-        for scope, row in before.items():
-            kept = self._newest.pop(scope, None)
-            mine = [event for event in events if scope_of(event) == scope]
-            now = self._known.get(scope)
-            follows = (
-                kept is not None
-                and row is not None
-                and kept[0] is row
-                and now is not None
-                and now.last_seq == row.last_seq + len(mine)
-            )
-            latest = kept[1] if follows and kept is not None else _UNKNOWN
-            for event in mine:
-                if isinstance(event, CheckpointWritten):
-                    latest = event.payload.checkpoint_id
-                elif isinstance(event, SessionForked):
-                    latest = None  # a new session: no checkpoint yet
-                elif isinstance(event, CheckpointsPruned | SessionErased):
-                    latest = _UNKNOWN
-            if now is not None and latest is not _UNKNOWN:
-                self._newest[scope] = (now, latest)
-        if len(self._newest) > 2 * len(self._known) + 64:  # rows that left ``_known``
-            self._newest = {
-                key: kept for key, kept in self._newest.items() if self._known.get(key) is kept[0]
-            }
 
     async def claim_head(
         self, scope: Scope, *, checkpoint: bool = False
     ) -> tuple[SessionRecord | None, str | None]:
         """``head`` without a round trip when this store's last commit to the session left
-        its row (and its newest checkpoint id, when asked for): a claim made of it is
-        written only if the session still ends there (the claim's seq), else it is
-        refused and made again of a read (``open_session``)."""
+        its row: a claim made of it is written only if the session still ends there (the
+        claim's seq and epoch), else it is refused and made again of a read
+        (``open_session``). The newest checkpoint (a resume's claim) is read: a prune
+        deletes checkpoints without moving the session on, so no row says it is stale."""
         row = self._known.get(scope)
-        kept = self._newest.get(scope)
-        if row is None or (checkpoint and (kept is None or kept[0] is not row)):
+        if row is None or checkpoint:
             return await self.head(scope, checkpoint=checkpoint)
-        return row, kept[1] if checkpoint and kept is not None else None
+        return row, None
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
         self.forget()
         self._known.clear()
-        self._newest.clear()
         return PruneResult(*await self._call(_prune, match))
 
     # -- reads -------------------------------------------------------------------------------

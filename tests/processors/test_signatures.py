@@ -298,3 +298,21 @@ async def test_a_claim_the_projector_refuses_for_its_signature_waits_for_that_ve
                 await rotated.open_session(scope, run_id=new_id("run"))
         ((_, error_type, _),) = await _dead_letters(env)
         assert error_type == "SignatureError"
+
+
+async def test_a_claim_signed_with_a_key_the_rule_refuses_waits_for_the_projector() -> None:
+    """A runtime the projector has taken events from before (its claims could be
+    confirmed by where they land) signs with another key from some point on: the rule
+    of signatures, applied to its claim before trusting the log's order, refuses the
+    key, so the claim waits for the projector's verdict, and raises it."""
+    async with _env(signing_key=SecretStr(WRITER.pem().decode())) as env:
+        await env.start_projector()
+        async with env.runtime() as runtime:
+            model = ScriptedModel(["ok", "ok"])
+            agent = Agent("Pay.", model=model, runtime=runtime, tuning=Tuning(checkpoint=True))
+            await agent.run("Pay invoice 7.", session_id="s1", user_id="ada")
+            runtime.store.signer = Signer.generate()  # a key the projector does not trust
+            with pytest.raises(SignatureError):
+                await agent.resume("Pay invoice 8.", session_id="s1", user_id="ada")
+        ((_, error_type, _),) = await _dead_letters(env)
+        assert error_type == "SignatureError"

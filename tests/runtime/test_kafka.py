@@ -431,8 +431,9 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     last run had, so its work on them (a count, a conversion, the transcript's hash)
     carries on instead of starting over each turn. Another process reads the session
     (the read model's row, the newest checkpoint and the projector's position at once,
-    and the log's end) and the transcript once; after it ran, so does the first one:
-    the projector has applied records past what it knew."""
+    and the log's end) and the transcript once, and its first claim waits for the
+    projector; after it ran, the first one reads too: the projector has applied records
+    past what it knew."""
     await env.start_projector()
     runtime = env.runtime()
     ran = Research(passes=2).agent(runtime)
@@ -461,7 +462,8 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     _heard(agent, seen, [])
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 9 and result.turns == 12
-    assert _reads(seen) == ["load_head", "log end", "read_transcript"]
+    # its first claim waits: that projector has applied nothing of this process's yet
+    assert _reads(seen) == ["load_head", "log end", "projector wait", "read_transcript"]
 
     seen.clear()  # the first process again: the other one's run came after what it knew
     agent = Research(passes=5).agent(runtime)
@@ -484,6 +486,7 @@ async def test_a_claim_made_of_a_known_session_another_process_wrote_to_is_made_
     projector = await env.start_projector()
     first, second = env.runtime(), env.runtime()
     await Research(passes=1).agent(first).run("Research.", session_id="s1")
+    await Research(passes=1).agent(second).run("Research.", session_id="s2")  # vouched for
     await env.stop_projector(projector)
     scope = Scope("s1")
     theirs = await second.open_session(scope, run_id=new_id("run"))
@@ -625,9 +628,9 @@ async def test_an_event_the_fold_refuses_is_not_confirmed_by_where_it_landed(
             retain=0,
         ),
     )
-    await second.store.append([wrong])
+    await first.store.append([wrong])  # the store that ran the session: vouched for
     with pytest.raises(InvalidEventError, match="message"):
-        await second.store.confirm(scope, visible=False)
+        await first.store.confirm(scope, visible=False)
     for runtime in (first, second):
         await runtime.close()
 
@@ -636,9 +639,8 @@ async def test_a_claim_with_no_projector_running_waits_for_it_even_at_the_partit
     env: KafkaEnv,
 ) -> None:
     """The read found the partition applied to its end, but no projector runs: a claim
-    is confirmed by its position only once this store has heard of a projector that got
-    that far, so the first claim of a store that never did waits, and times out naming
-    the processor."""
+    is confirmed by its position only once the projector applied an event of this
+    store's, so the first claim of a store waits, and times out naming the processor."""
     runtime = env.runtime(projection_timeout=1.5)
     scope = Scope("s1")
     row, _ = await runtime.store.head(scope)
@@ -693,3 +695,40 @@ async def test_a_claim_made_of_a_read_of_the_unprojected_tail_waits_for_the_proj
     assert found is not None and found.last_seq == row.last_seq + 1
     for opened in (runtime, other):
         await opened.close()
+
+
+async def test_a_claim_of_a_known_session_two_epochs_behind_is_made_again(
+    env: KafkaEnv,
+) -> None:
+    """Before the first process hears of anything past what it knew (the projector is
+    away), another one claims the session twice (a signal, then a worker's take-over,
+    say). The claim made of what the first one knew is refused as a stale writer's (the
+    epoch is judged before the seq): it reads the session and claims it again, as after
+    a sequence conflict, instead of failing the resume. (Found by review.)"""
+    projector = await env.start_projector()
+    first, second = env.runtime(), env.runtime()
+    await Research(passes=1).agent(first).run("Research.", session_id="s1")
+    scope = Scope("s1")
+    row = await second.store.session(scope)
+    assert row is not None
+    await env.stop_projector(projector)
+    for k in (1, 2):
+        claim = RunStarted(
+            session_id="s1",
+            run_id=new_id("run"),
+            seq=row.last_seq + k,
+            epoch=row.epoch + k,
+            payload=RunStartedPayload(),
+        )
+        await second.store.append([claim])
+    seen: list[str] = []
+    _counted(first, seen)
+    resuming = asyncio.create_task(Research(passes=2).agent(first).resume(session_id="s1"))
+    await eventually(lambda: "projector wait" in seen, what="the first claim's wait")
+    await env.start_projector()
+    result = await asyncio.wait_for(resuming, 60)
+    assert result.restored_turns == 3 and result.turns == 6
+    found = await first.store.session(scope)
+    assert found is not None and found.epoch == row.epoch + 3
+    for runtime in (first, second):
+        await runtime.close()

@@ -672,84 +672,78 @@ def _heads(runtime: PostgresRuntime) -> list[str]:
     return seen
 
 
-async def _newest_claimed(runtime: PostgresRuntime, scope: Scope) -> str | None:
-    """The checkpoint the session's last run.started says it continues from."""
+async def _last_start(runtime: PostgresRuntime, scope: Scope) -> RunStarted:
+    """The session's last run.started."""
     starts = [e for e in await runtime.store.read_events(scope) if isinstance(e, RunStarted)]
-    return starts[-1].payload.from_checkpoint
+    return starts[-1]
 
 
-async def test_a_resume_where_the_session_was_left_claims_it_without_reading_it(
+async def test_a_run_where_the_session_was_left_claims_it_without_reading_it(
     dsn: str, schema: str
 ) -> None:
-    """The process whose commit left the session last claims it from that row and its
-    newest checkpoint, no round trip first. Once another process wrote to the session
-    that row is stale: the claim is refused, the session read, and claimed again; and
-    what that process knew of the newest checkpoint is forgotten, not carried over a
-    run that wrote none."""
-    scope = Scope("s1")
+    """The process whose commit left the session last claims it from that row, no round
+    trip first, for a run (a resume reads: it names the newest checkpoint, which a prune
+    deletes without moving the session on). Once another process wrote to the session,
+    that row is stale: the claim is refused, the session read, and claimed again."""
     async with (
         PostgresRuntime(dsn, schema=schema) as mine,
         PostgresRuntime(dsn, schema=schema) as other,
     ):
         await Research(passes=1).agent(mine).run("Research.", session_id="s1")
         reads = _heads(mine)
-        result = await Research(passes=2).agent(mine).resume(session_id="s1")
+        result = await Research(passes=2).agent(mine).run("Go on.", session_id="s1")
         assert result.restored_turns == 3 and result.turns == 6
         assert reads == []
-        newest = (await mine.list_checkpoints(scope, 1))[0].checkpoint_id
-        assert await _newest_claimed(mine, scope) != newest  # it continued the one before
+        await Research(passes=3).agent(mine).resume(session_id="s1")
+        assert reads == ["head"]
 
-        result = await Research(passes=3).agent(other).resume(session_id="s1")
-        assert result.restored_turns == 6 and await _newest_claimed(other, scope) == newest
-        theirs = (await other.list_checkpoints(scope, 1))[0].checkpoint_id
-
-        quiet = Research(passes=4).agent(mine, checkpoint=False)  # writes no checkpoint
-        result = await quiet.resume(session_id="s1")
-        assert result.restored_turns == 9 and result.turns == 12
-        assert reads == ["head"]  # after its claim from the stale row was refused
-        assert await _newest_claimed(mine, scope) == theirs
-
+        await Research(passes=4).agent(other).resume(session_id="s1")
         reads.clear()
-        result = await Research(passes=5).agent(mine).resume(session_id="s1")
-        assert result.restored_turns == 12
-        assert reads == ["head"]  # the newest checkpoint it knew of was forgotten
-        assert await _newest_claimed(mine, scope) == theirs
+        result = await Research(passes=5).agent(mine).run("Again.", session_id="s1")
+        assert result.restored_turns == 12 and result.turns == 15
+        assert reads == ["head"]  # after its claim from the stale row was refused
 
 
-def _checkpoint(message_count: int) -> CheckpointWrittenPayload:
-    return CheckpointWrittenPayload(
-        checkpoint_id=new_id("ckpt"),
-        turn=0,
-        cumulative_usage=Usage(),
-        message_count=message_count,
-        retain=0,
-    )
-
-
-async def test_a_write_in_doubt_that_landed_unseen_makes_the_newest_checkpoint_unknown(
-    dsn: str, schema: str
-) -> None:
-    """A write whose commit landed while its connection was lost (the writer learns it by
-    reading the session, and goes on after it) may have written a checkpoint this store
-    never saw: the next commit's row does not follow the row before it by its own events
-    alone, so the newest checkpoint it knew of is not carried over; the claim reads it."""
+async def test_a_claim_of_a_row_two_epochs_stale_is_made_again(dsn: str, schema: str) -> None:
+    """Another process claimed the session twice since this one's last commit (or claimed
+    and cancelled it): the claim made of the row this one kept is refused as a stale
+    writer's, or as a cancelled run's (the epoch is judged before the seq); it reads the
+    session and claims again instead of failing the run. (Found by review.)"""
     scope = Scope("s1")
     async with (
         PostgresRuntime(dsn, schema=schema) as mine,
-        PostgresRuntime(dsn, schema=schema) as elsewhere,
+        PostgresRuntime(dsn, schema=schema) as other,
     ):
-        writer = await mine.open_session(scope, run_id=new_id("run"))
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("a")]))
-        first = writer.stage(CheckpointWritten, _checkpoint(1))
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("b")]))
-        assert (await mine.store.claim_head(scope, checkpoint=True))[1] == (
-            first.payload.checkpoint_id
-        )
-        # the write in doubt: it landed (here through another connection), unseen
-        landed = writer.make(CheckpointWritten, _checkpoint(2))
-        await elsewhere.store.append([landed])
-        writer.next_seq += 1  # what the writer does once it read that it landed
-        await writer.emit(TurnAppended, TurnAppendedPayload(messages=[Message.user("c")]))
-        row, latest = await mine.store.claim_head(scope, checkpoint=True)
-        assert latest == landed.payload.checkpoint_id
-        assert row is not None and row.last_seq == writer.next_seq - 1
+        await Research(passes=1).agent(mine).run("Research.", session_id="s1")
+        await Research(passes=2).agent(other).run("Go on.", session_id="s1")
+        await Research(passes=3).agent(other).run("Go on.", session_id="s1")
+        result = await Research(passes=4).agent(mine).run("Again.", session_id="s1")
+        assert result.restored_turns == 9 and result.turns == 12
+
+        theirs = await other.open_session(scope, run_id=new_id("run"))
+        await other.cancel(scope, "stop it")
+        result = await Research(passes=5).agent(mine).run("Again.", session_id="s1")
+        assert result.restored_turns == 12 and result.turns == 15
+        assert (await _last_start(mine, scope)).epoch == theirs.epoch + 2
+
+
+async def test_a_resume_after_another_process_pruned_its_checkpoints_names_none(
+    dsn: str, schema: str
+) -> None:
+    """A prune deletes a live session's older checkpoints, its newest among them, without
+    moving the session on: the resume that follows, in the process that wrote them,
+    reads the session and continues from no checkpoint. (Found by review.)"""
+    scope = Scope("s1")
+    async with (
+        PostgresRuntime(dsn, schema=schema) as mine,
+        PostgresRuntime(dsn, schema=schema) as other,
+    ):
+        await Research(passes=1).agent(mine).run("Research.", session_id="s1")
+        (newest,) = await mine.list_checkpoints(scope, 1)
+        await Research(passes=2).agent(mine, checkpoint=False).run("Go on.", session_id="s1")
+        pruned = await other.store.prune(before=newest.created_at + timedelta(microseconds=1))
+        assert pruned.checkpoints == 1 and pruned.sessions == 0
+        assert await other.list_checkpoints(scope) == []
+        await Research(passes=3).agent(mine).resume(session_id="s1")
+        started = await _last_start(mine, scope)
+        assert (started.payload.mode, started.payload.from_checkpoint) == ("run", None)
