@@ -395,6 +395,20 @@ def _counted(runtime: KafkaRuntime, seen: list[str]) -> None:
     store._end_of = counted_end  # type: ignore[method-assign]
 
 
+async def _resumed_once_the_projector_is_back(env: KafkaEnv, runtime: KafkaRuntime) -> list[str]:
+    """Resume ``s1`` (its first run made 3 turns) on ``runtime`` while the projector is
+    away, start the projector once the claim waits for it, and return what ``_counted``
+    noted of the resume."""
+    seen: list[str] = []
+    _counted(runtime, seen)
+    resuming = asyncio.create_task(Research(passes=2).agent(runtime).resume(session_id="s1"))
+    await eventually(lambda: "projector wait" in seen, what="the first claim's wait")
+    await env.start_projector()
+    result = await asyncio.wait_for(resuming, 60)
+    assert result.restored_turns == 3 and result.turns == 6
+    return seen
+
+
 def _reads(seen: list[str]) -> list[str]:
     """What ``_counted`` noted before the first model call, the first two sorted: the
     read model and the log's end are asked at once, and answer in either order."""
@@ -492,13 +506,7 @@ async def test_a_claim_made_of_a_known_session_another_process_wrote_to_is_made_
     theirs = await second.open_session(scope, run_id=new_id("run"))
     partition = await first.store._partition_of(scope)
     assert first.store._positions.at(partition) == second.store._positions.at(partition)
-    seen: list[str] = []
-    _counted(first, seen)
-    resuming = asyncio.create_task(Research(passes=2).agent(first).resume(session_id="s1"))
-    await eventually(lambda: "projector wait" in seen, what="the first claim's wait")
-    await env.start_projector()
-    result = await asyncio.wait_for(resuming, 60)
-    assert result.restored_turns == 3 and result.turns == 6
+    seen = await _resumed_once_the_projector_is_back(env, first)
     assert seen[0] == "projector wait"  # refused: then read, and claimed again
     assert sorted(seen[1:3]) == ["load_head", "log end"]
     row = await first.store.session(scope)
@@ -721,13 +729,7 @@ async def test_a_claim_of_a_known_session_two_epochs_behind_is_made_again(
             payload=RunStartedPayload(),
         )
         await second.store.append([claim])
-    seen: list[str] = []
-    _counted(first, seen)
-    resuming = asyncio.create_task(Research(passes=2).agent(first).resume(session_id="s1"))
-    await eventually(lambda: "projector wait" in seen, what="the first claim's wait")
-    await env.start_projector()
-    result = await asyncio.wait_for(resuming, 60)
-    assert result.restored_turns == 3 and result.turns == 6
+    await _resumed_once_the_projector_is_back(env, first)
     found = await first.store.session(scope)
     assert found is not None and found.epoch == row.epoch + 3
     for runtime in (first, second):
