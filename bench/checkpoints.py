@@ -168,6 +168,8 @@ CHILD_TIMEOUT_S = 300
 KAFKA_PARTITIONS = 6
 PROCESSOR_READY_TIMEOUT_S = 90.0
 PROCESSOR_STOP_TIMEOUT_S = 60.0
+#: the directory holding the loomflow package this benchmark runs (its checkout)
+LOOMFLOW_SOURCE = Path(__file__).resolve().parent.parent
 DASH = "\u2013"  # the range separator of the peers file, so tables compare line by line
 
 
@@ -186,10 +188,18 @@ class Processor:
         self.ready_s: float | None = None
         self.stop_s: float | None = None
 
-    def start(self) -> None:
+    def environment(self, source: Path = LOOMFLOW_SOURCE) -> dict[str, str]:
+        """The processor's environment: the LOOMFLOW_* variables of its settings (only
+        these configure it, as they would for a user), and ``source`` (the directory
+        holding the loomflow package this benchmark imported) first on its path.
+
+        The ``loomflow`` script imports whatever the virtualenv installed, which for an
+        editable install is the checkout it was installed from: a benchmark run from
+        another checkout (a worktree of an older commit, to compare) measured its own
+        agent beside that checkout's processor."""
         s = self.settings
-        # only the variables below configure it, as they would for a user
         env = {k: v for k, v in _clean_env().items() if not k.startswith("LOOMFLOW_")}
+        env["PYTHONPATH"] = str(source)
         env.update(
             LOOMFLOW_KAFKA_BOOTSTRAP=s.kafka_bootstrap,
             LOOMFLOW_POSTGRES_DSN=s.postgres_dsn,
@@ -203,6 +213,10 @@ class Processor:
             env["LOOMFLOW_KEYRING"] = str(s.keyring.resolve())
         if s.signatures is not None:
             env["LOOMFLOW_SIGNATURES"] = s.signatures
+        return env
+
+    def start(self) -> None:
+        env = self.environment()
         script = Path(sys.executable).parent / "loomflow"
         command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
         with self.log.open("wb") as log:
