@@ -17,6 +17,7 @@ import asyncpg
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import UnknownTopicOrPartitionError
 
 from loomflow.processors import Projector
 from loomflow.producers import Topics, ensure_topics
@@ -26,6 +27,7 @@ from loomflow.schemas.events import CheckpointWrittenPayload, TurnAppendedPayloa
 from loomflow.settings import Settings
 from tests.support.backends import drop_environment
 from tests.support.services import kafka_bootstrap, postgres_dsn
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,20 +263,36 @@ def start_processor(variables: dict[str, str], *, loglevel: str = "warn") -> Pro
 
 
 async def topic_configs(bootstrap: str, *topics: str) -> dict[str, dict[str, str]]:
-    """Topic -> its configs as the broker describes them (set or defaulted)."""
+    """Topic -> its configs as the broker describes them (set or defaulted).
+
+    On a cluster, a broker that has not yet learned of a topic just created answers
+    UNKNOWN_TOPIC_OR_PARTITION with no configs: such a topic is described again until
+    its broker knows it. Any other error fails."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
-    try:
-        described = await admin.describe_configs(
+
+    async def described() -> dict[str, dict[str, str]] | None:
+        responses = await admin.describe_configs(
             [ConfigResource(ConfigResourceType.TOPIC, topic) for topic in topics]
+        )
+        resources = [resource for response in responses for resource in response.resources]
+        errors = {resource[3]: (resource[0], resource[1]) for resource in resources if resource[0]}
+        assert all(code == UnknownTopicOrPartitionError.errno for code, _ in errors.values()), (
+            errors
+        )
+        if errors:
+            return None
+        return {
+            resource[3]: {entry[0]: entry[1] for entry in resource[4]} for resource in resources
+        }
+
+    try:
+        configs: dict[str, dict[str, str]] = await eventually(
+            described, what=f"the brokers to describe {', '.join(topics)}"
         )
     finally:
         await admin.close()
-    return {
-        resource[3]: {entry[0]: entry[1] for entry in resource[4]}
-        for response in described
-        for resource in response.resources
-    }
+    return configs
 
 
 def session_events(
