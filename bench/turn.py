@@ -49,7 +49,13 @@ are every store's against ``lf020-sqlite`` on medians of the same run.
 
 Every (store, variant, repetition) runs in a fresh process, which first makes an untimed
 warm-up session of 3 turns (imports, connections, the processor's first fold) and then the
-measured session. Figures: the p50 of the per-turn wall times of turns 1-10 (turn 1 is
+measured session. With lf-kafka chosen, one untimed lf-kafka session of
+``--broker-warmup`` scripted turns (1000 by default) runs first: a Kafka broker is a JVM,
+which compiles its hot paths over its first minutes of work, and a broker in service has
+run long. Right after ``dev/services.sh start`` the broker took 10-12 ms of CPU a turn
+against 2-4 once warm, which turned the Kafka pass from ~1.4x PostgreSQL's into ~3x
+(2026-12-06). ``--broker-warmup 0`` measures a cold broker; the header says which.
+Figures: the p50 of the per-turn wall times of turns 1-10 (turn 1 is
 ``run``), 11-20 and the last ten, then the median over ``--reps`` repetitions with
 (min-max); flat = p50(last ten) / p50(turns 11-20).
 
@@ -118,6 +124,8 @@ PEER = "lf020-sqlite"
 ALL_STORES = (*OUR_STORES, PEER)
 DEFAULT_TURNS = 200
 WARMUP_TURNS = 3
+#: the untimed lf-kafka turns that warm the broker's JVM before any rep (``--broker-warmup``)
+BROKER_WARMUP_TURNS = 1000
 WINDOW = 10
 CHILD_TIMEOUT_S = 600
 #: the first (turn 1: ``run``), the second, and the last ten turns of a session
@@ -727,19 +735,27 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
+    parser.add_argument(
+        "--broker-warmup",
+        type=int,
+        default=BROKER_WARMUP_TURNS,
+        help="untimed lf-kafka turns run first to warm the broker's JVM (0: measure it cold)",
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     stores = [s for s in args.stores.split(",") if s] if args.stores else default_stores()
     unknown = [v for v in variants if v not in VARIANTS] + [
         s for s in stores if s not in ALL_STORES
     ]
-    if unknown or args.reps < 1 or args.turns < 2 * WINDOW:
+    if unknown or args.reps < 1 or args.turns < 2 * WINDOW or args.broker_warmup < 0:
         parser.error(
             f"unknown {unknown} (variants: {', '.join(VARIANTS)}; stores: "
-            f"{', '.join(ALL_STORES)}), or --reps < 1, or --turns < {2 * WINDOW}"
+            f"{', '.join(ALL_STORES)}), or --reps < 1, or --turns < {2 * WINDOW}, "
+            "or --broker-warmup < 0"
         )
     broken = ensure_peers(stores, _peer_requirements())
     started = time.perf_counter()
+    warmed = warm_broker(args.broker_warmup) if "lf-kafka" in stores else None
     with _server_for(variants) as server:
 
         def run(store: str, variant: str) -> dict[str, Any]:
@@ -754,11 +770,28 @@ def main() -> None:
     )
     if versions:
         print("# peer: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+    if warmed is not None:
+        print(f"# lf-kafka: {warmed}")
     print(f"# each figure: median of {args.reps} fresh-process runs (min{DASH}max)\n")
     for variant in variants:
         print(report(variant, stores, results[variant], args.turns) + "\n")
     if args.json:
         args.json.write_text(json.dumps({"reps": args.reps, "results": results}, indent=1))
+
+
+def warm_broker(turns: int) -> str:
+    """Warm the Kafka broker's JVM with one untimed lf-kafka session of ``turns``
+    scripted turns; what the report's header says of the broker."""
+    if turns == 0:
+        return "the broker measured as it was (--broker-warmup 0: cold if just started)"
+    _log(f"warming the Kafka broker: one untimed lf-kafka session of {turns} scripted turns")
+    result = run_child("lf-kafka", "scripted", turns, None)
+    problems = [result["error"]] if "error" in result else result.get("problems", [])
+    if problems:
+        raise SystemExit(f"the broker's warm-up session failed: {problems[0]}")
+    cpu = result.get("cpu_kafka_ms")
+    spent = "" if cpu is None else f"; the broker's CPU over it {cpu:.2f} ms a turn"
+    return f"the broker warmed first by an untimed session of {turns} scripted turns{spent}"
 
 
 @contextlib.contextmanager
