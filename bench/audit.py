@@ -70,6 +70,7 @@ if not __package__:
 from bench.bigjournal import _Ids, _Session, _Texts
 from bench.checkpoints import REPO, _clean_env
 from bench.signing import SIGNING_VARS
+from bench.workload import loomflow_command, own_env
 
 PASSES = 30  # a session's passes: three runs of bigjournal's 10
 PARTITIONS = 6
@@ -97,11 +98,6 @@ def _log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def _loomflow() -> list[str]:
-    script = Path(sys.executable).parent / "loomflow"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
-
-
 @dataclass(frozen=True)
 class Keys:
     writer: Path
@@ -114,7 +110,7 @@ class Keys:
         for path, role in ((keys.writer, "events"), (keys.audit, "digests")):
             argv = ["keys", "new", str(path), "--keyring", str(keys.keyring), "--role", role]
             subprocess.run(
-                [*_loomflow(), *argv],
+                [*loomflow_command(), *argv],
                 check=True,
                 capture_output=True,
                 env=_base_env(),
@@ -123,7 +119,7 @@ class Keys:
 
 
 def _base_env() -> dict[str, str]:
-    return {k: v for k, v in _clean_env().items() if k not in SIGNING_VARS}
+    return own_env({k: v for k, v in _clean_env().items() if k not in SIGNING_VARS})
 
 
 def sessions_until(total: int) -> Iterator[list[Any]]:
@@ -287,7 +283,7 @@ def run_command(log: Log, row: str, keys: Keys, trail: str, digests: Path) -> di
     if "digests" in settings or "key" in settings:
         env["LOOMFLOW_SIGNING_KEY_FILE"] = str(keys.audit)
     argv = [w.format(digests=digests) for w in words]
-    command = [*_loomflow(), *argv, *log.args(trail)]
+    command = [*loomflow_command(), *argv, *log.args(trail)]
     began = time.perf_counter()
     try:
         done = subprocess.run(

@@ -125,6 +125,7 @@ if not __package__:
 
 from bench.workload import (
     LIST_LIMIT,
+    LOOMFLOW_SOURCE,
     SYSTEM_PROMPT,
     VARIANTS,
     Adapter,
@@ -132,7 +133,9 @@ from bench.workload import (
     PassContent,
     SearchDocs,
     child_main,
+    loomflow_command,
     measure,
+    own_env,
     pass_content,
 )
 
@@ -168,8 +171,6 @@ CHILD_TIMEOUT_S = 300
 KAFKA_PARTITIONS = 6
 PROCESSOR_READY_TIMEOUT_S = 90.0
 PROCESSOR_STOP_TIMEOUT_S = 60.0
-#: the directory holding the loomflow package this benchmark runs (its checkout)
-LOOMFLOW_SOURCE = Path(__file__).resolve().parent.parent
 DASH = "\u2013"  # the range separator of the peers file, so tables compare line by line
 
 
@@ -190,16 +191,11 @@ class Processor:
 
     def environment(self, source: Path = LOOMFLOW_SOURCE) -> dict[str, str]:
         """The processor's environment: the LOOMFLOW_* variables of its settings (only
-        these configure it, as they would for a user), and ``source`` (the directory
-        holding the loomflow package this benchmark imported) first on its path.
-
-        The ``loomflow`` script imports whatever the virtualenv installed, which for an
-        editable install is the checkout it was installed from: a benchmark run from
-        another checkout (a worktree of an older commit, to compare) measured its own
-        agent beside that checkout's processor."""
+        these configure it, as they would for a user), and ``source`` first on its path
+        (see ``own_env``)."""
         s = self.settings
         env = {k: v for k, v in _clean_env().items() if not k.startswith("LOOMFLOW_")}
-        env["PYTHONPATH"] = str(source)
+        env = own_env(env, source)
         env.update(
             LOOMFLOW_KAFKA_BOOTSTRAP=s.kafka_bootstrap,
             LOOMFLOW_POSTGRES_DSN=s.postgres_dsn,
@@ -217,8 +213,7 @@ class Processor:
 
     def start(self) -> None:
         env = self.environment()
-        script = Path(sys.executable).parent / "loomflow"
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
+        command = loomflow_command()
         with self.log.open("wb") as log:
             self.proc = subprocess.Popen(
                 [*command, "processor", "--loglevel", "warn"],

@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import html
 import math
+import os
 import re
 import selectors
 import statistics
@@ -48,6 +49,7 @@ from urllib.parse import quote
 import httpx
 
 from bench import bigjournal
+from bench.workload import loomflow_command, own_env
 
 #: the console's line once it listens
 _LISTENING = re.compile(r"loomflow console on (http://\S+/)")
@@ -101,10 +103,10 @@ class Console:
         self._process: subprocess.Popen[str] | None = None
 
     def __enter__(self) -> Console:
-        loomflow = Path(sys.executable).with_name("loomflow")
         started = time.perf_counter()
         self._process = process = subprocess.Popen(
-            [str(loomflow), "ui", "--db", str(self.db), "--port", "0"],
+            [*loomflow_command(), "ui", "--db", str(self.db), "--port", "0"],
+            env=own_env(dict(os.environ)),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -69,6 +69,8 @@ if not __package__:
 from bench.workload import (
     SYSTEM_PROMPT,
     cpu_seconds_by_command,
+    loomflow_command,
+    own_env,
     pass_content,
     percentile,
 )
@@ -522,13 +524,11 @@ def signing_keys(directory: Path) -> tuple[Any, dict[str, str]]:
     from loomflow.settings import Settings
 
     key, keyring = directory / "writer.pem", directory / "keyring.json"
-    script = Path(sys.executable).parent / "loomflow"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
     subprocess.run(
-        [*command, "keys", "new", str(key), "--keyring", str(keyring)],
+        [*loomflow_command(), "keys", "new", str(key), "--keyring", str(keyring)],
         check=True,
         capture_output=True,
-        env={k: v for k, v in os.environ.items() if k not in SIGNING_VARS},
+        env=own_env({k: v for k, v in os.environ.items() if k not in SIGNING_VARS}),
     )
     signer = Settings(signing_key_file=key).signer()
     return signer, {"LOOMFLOW_KEYRING": str(keyring), "LOOMFLOW_SIGNATURES": "require"}

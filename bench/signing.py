@@ -61,6 +61,7 @@ if not __package__:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.checkpoints import AGENT, REPO, Servers, _clean_env, run_measurement
+from bench.workload import loomflow_command, own_env
 from loomflow.runtime import EventStore, InProcStore, Scope, SqliteStore
 from loomflow.schemas import Event, Message, RunStarted, TurnAppended, Usage
 from loomflow.schemas.events import TurnAppendedPayload
@@ -109,13 +110,14 @@ class Keys:
         import subprocess
 
         writer, keyring = directory / "writer.pem", directory / "keyring.json"
-        script = Path(sys.executable).parent / "loomflow"
-        command = [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
         subprocess.run(
-            [*command, "keys", "new", str(writer), "--keyring", str(keyring), "--role", "events"],
+            [
+                *loomflow_command(),
+                *("keys", "new", str(writer), "--keyring", str(keyring), "--role", "events"),
+            ],
             check=True,
             capture_output=True,
-            env=_clean_env(),
+            env=own_env(_clean_env()),
         )
         return cls(writer, keyring)
 

@@ -454,3 +454,26 @@ def child_main(
         traceback.print_exc(file=sys.stderr)
         result["error"] = f"{type(exc).__name__}: {exc}"
     print(json.dumps(result), flush=True)
+
+
+#: the directory holding the loomflow package this benchmark runs (its checkout)
+LOOMFLOW_SOURCE = Path(__file__).resolve().parent.parent
+
+
+def loomflow_command() -> list[str]:
+    """How a benchmark starts ``loomflow`` as a user does: the virtualenv's script (the
+    module where there is none). Run it with ``own_env``."""
+    script = Path(sys.executable).parent / "loomflow"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "loomflow.cli"]
+
+
+def own_env(env: dict[str, str], source: Path = LOOMFLOW_SOURCE) -> dict[str, str]:
+    """``env`` for a ``loomflow`` process of ours, with ``source`` (the directory holding
+    the loomflow package this benchmark imported) first on its path.
+
+    The ``loomflow`` script imports whatever the virtualenv installed, which for an
+    editable install is the checkout it was installed from: a benchmark run from another
+    checkout (a worktree of an older commit, to compare) measured its own agent beside
+    that checkout's processor. Peers' processes never get this: ``_clean_env`` leaves
+    PYTHONPATH out so that their venv's packages win."""
+    return {**env, "PYTHONPATH": str(source)}

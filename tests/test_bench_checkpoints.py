@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import loomflow
-from bench import checkpoints
+from bench import checkpoints, workload
 from loomflow.settings import Settings
 
 
@@ -38,3 +38,27 @@ def test_the_processor_imports_the_loomflow_of_the_checkout_the_benchmark_runs(
         other / "loomflow" / "__init__.py"
     )
     assert _imported_by(processor.environment(), tmp_path) == Path(loomflow.__file__).resolve()
+
+
+def test_every_loomflow_command_of_the_benchmarks_runs_the_checkout_they_import(
+    tmp_path: Path,
+) -> None:
+    """The audit, console, signing and processor benchmarks start ``loomflow`` itself
+    (keys, audit, ui): ``loomflow_command()`` with ``own_env`` runs the checkout given,
+    not the one the virtualenv's script was installed from."""
+    other = tmp_path / "checkout"
+    (other / "loomflow" / "cli").mkdir(parents=True)
+    (other / "loomflow" / "__init__.py").write_text("")
+    (other / "loomflow" / "cli" / "__init__.py").write_text(
+        "def main():\n    print('checkout cli:', __file__)\n    return 0\n"
+    )
+    done = subprocess.run(
+        [*workload.loomflow_command(), "keys", "--help"],
+        env=workload.own_env({"PATH": "/usr/bin:/bin"}, other),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.strip() == f"checkout cli: {other / 'loomflow' / 'cli' / '__init__.py'}"
