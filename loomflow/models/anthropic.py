@@ -22,8 +22,10 @@ What each model accepts, and its list price, come from the tables of
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
@@ -31,6 +33,8 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import orjson
 
 if TYPE_CHECKING:
+    import ssl
+
     import anthropic
     from anthropic.types import (
         CacheControlEphemeralParam,
@@ -68,6 +72,28 @@ CacheLifetime = Literal["5m", "1h"]
 
 
 _warned_unpriced: set[str] = set()
+
+
+def _tls() -> ssl.SSLContext:
+    """The TLS context of the SDK's HTTP client, made once per process for the
+    certificates it trusts.
+
+    The SDK's client makes its own when it is built: 15-20 ms of loading the CA bundle,
+    paid by the first call of every model (every ``Agent`` made with a model's name),
+    three quarters of that call's own cost against a local server (2026-12-06). The
+    context is made as the client makes it (``httpx2.create_ssl_context``, which reads
+    ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``), and made again when either changes.
+    """
+    return _tls_for(os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+
+
+@functools.cache
+def _tls_for(cert_file: str | None, cert_dir: str | None) -> ssl.SSLContext:
+    """``httpx2.create_ssl_context()`` while ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``
+    are ``cert_file`` and ``cert_dir`` (the arguments only key the cache)."""
+    import httpx2
+
+    return httpx2.create_ssl_context()
 
 
 def _cost(model: str, usage: Usage, long_writes: int) -> float:
@@ -298,6 +324,8 @@ class AnthropicModel:
                 kwargs["api_key"] = self._api_key
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
+            # the SDK's own HTTP client, but for its TLS context: the process's (see _tls)
+            kwargs["http_client"] = anthropic.DefaultAsyncHttpxClient(verify=_tls())
             self._client = anthropic.AsyncAnthropic(**kwargs)
         return self._client
 

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from loomflow.errors import ModelError
+from loomflow.models import anthropic as claude
 from loomflow.models.anthropic import AnthropicModel, CacheLifetime, Price, price_for
 from loomflow.models.base import CallOptions, Effort, ToolSpec
 from loomflow.schemas import Message, RedactedThinkingBlock, Role, ThinkingBlock, ToolCall, Usage
@@ -362,6 +364,52 @@ async def test_env_vars_are_honoured_when_no_args_given(
     # SDK 2.x sends the API key as a bearer token, not as ``x-api-key``.
     assert server.headers[0]["authorization"] == "Bearer env-key"
     assert "anthropic-version" in server.headers[0]
+
+
+def _system_bundle_copied_to(path: Path) -> Path:
+    import certifi  # httpx's, a dependency of the tests
+
+    path.write_bytes(Path(certifi.where()).read_bytes())
+    return path
+
+
+async def test_the_models_of_a_process_load_the_trusted_certificates_once(
+    server: FakeAnthropicServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Building the SDK's client loaded the CA bundle (15-20 ms) for every model, so
+    the first call of every Agent made with a model's name paid it; the models of a
+    process now share one TLS context, made again when SSL_CERT_FILE or SSL_CERT_DIR
+    changes, and the client is otherwise the SDK's own."""
+    loads: list[tuple[Any, ...]] = []
+    load = ssl.SSLContext.load_verify_locations
+
+    def counted(self: ssl.SSLContext, *args: Any, **kwargs: Any) -> None:
+        loads.append(args or tuple(kwargs.values()))
+        load(self, *args, **kwargs)
+
+    monkeypatch.setattr(ssl.SSLContext, "load_verify_locations", counted)
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    claude._tls_for.cache_clear()
+    models = [AnthropicModel(api_key="test-key", base_url=server.url) for _ in range(3)]
+    bundle = _system_bundle_copied_to(tmp_path / "ca.pem")
+    try:
+        clients = [model.client for model in models]
+        assert len(loads) == 1
+        replies = [await model.complete([Message.user("hi")], []) for model in models]
+        assert [r.message.content for r in replies] == ["hello"] * 3
+        # another CA bundle: a context of its own, trusting that one
+        monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+        models.append(AnthropicModel(api_key="test-key", base_url=server.url))
+        assert models[-1].client is not None
+        assert len(loads) == 2 and str(bundle) in map(str, loads[-1])
+        plain = anthropic.AsyncAnthropic(api_key="test-key")
+        assert clients[0].timeout == plain.timeout
+        assert clients[0].max_retries == plain.max_retries
+        await plain.close()
+    finally:
+        for model in models:
+            await model.aclose()
 
 
 async def test_bad_request_becomes_model_error(
