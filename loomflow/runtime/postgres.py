@@ -98,6 +98,9 @@ class PostgresStore(DatabaseStore):
         self.create = create
         self.signer = resolved.signer()
         self._pool: asyncpg.Pool | None = None
+        #: the Kafka consumers that project into the schema, read before the first write
+        #: of each connection (see ``_writable``)
+        self._fed_by: list[tuple[str, str]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -135,9 +138,27 @@ class PostgresStore(DatabaseStore):
         if self._pool is None:
             async with self._opening:
                 if self._pool is None:
+                    self._fed_by = None
                     self._pool = await self._connect()
                     self._loop = loop
         return self._pool
+
+    async def _writable(self) -> None:
+        """Refuse to write into a read model that a Kafka log feeds (positions of a
+        consumer in the schema, ``loomflow processor``'s with the default settings, which
+        PostgresRuntime and KafkaRuntime share): what this store wrote would be in no log,
+        so a rebuild, ``loomflow tail`` and the audit would never see it, and the
+        projector would refuse the session's later events."""
+        if self._fed_by is None:
+            self._fed_by = await self.consumed_topics()
+        if self._fed_by:
+            groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in self._fed_by}))
+            raise StoreError(
+                f"schema {self.schema!r} in PostgreSQL at {_redact(self.dsn)} is the read "
+                f"model of a Kafka log (positions of {groups}): write through the log with "
+                "KafkaRuntime, or give PostgresRuntime a schema of its own (schema=, or "
+                "LOOMFLOW_SCHEMA)"
+            )
 
     async def _connect(self) -> asyncpg.Pool:
         password = urlsplit(self.dsn).password if "://" in self.dsn else None
@@ -228,6 +249,7 @@ class PostgresStore(DatabaseStore):
         if not events:
             return
         await self._ready()  # fail here, not in the drainer, when the store cannot open
+        await self._writable()
         await self._writes.append(list(events))
 
     async def claim_head(
@@ -244,6 +266,7 @@ class PostgresStore(DatabaseStore):
         return row, None
 
     async def _prune(self, match: PruneFilter) -> PruneResult:
+        await self._writable()
         self.forget()
         self._known.clear()
         return PruneResult(*await self._call(_prune, match))

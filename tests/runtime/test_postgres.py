@@ -60,6 +60,7 @@ from loomflow.schemas.events import (
     StepRecordedPayload,
     TurnAppendedPayload,
 )
+from loomflow.settings import Settings
 from loomflow.testing import SessionLog, SqliteLog
 from loomflow.testing._support import commit
 from loomflow.testing.log import read_all
@@ -204,6 +205,34 @@ async def test_a_schema_at_version_6_gets_the_listing_indexes_and_pages_its_sess
             await runtime.close()
     finally:
         await conn.close()
+
+
+async def test_a_runtime_refuses_to_write_into_a_read_model_that_kafka_feeds(
+    dsn: str, schema: str
+) -> None:
+    """PostgresRuntime and ``loomflow processor`` share their default schema: a
+    PostgresRuntime run beside a Kafka deployment wrote sessions that no log held (a
+    rebuild, ``tail`` and the audit never saw them) and exited 0. A schema the projector
+    records positions in is refused before the first write, so no model is called."""
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    settings = Settings(postgres_dsn=dsn, db_schema=schema)
+    conn = await asyncpg.connect(dsn)
+    try:  # as the projector of the default settings records what it consumed
+        await pg.save_positions(
+            conn, schema, settings.projector_group, settings.events_topic, {0: 42}
+        )
+    finally:
+        await conn.close()
+    research = Research(passes=1)
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        with pytest.raises(StoreError, match=rf"schema '{schema}' .* read model of a Kafka log"):
+            await research.agent(runtime).run("Research.", session_id="s2")
+        assert research.models[0].calls == 0 and not research.tool_runs
+        with pytest.raises(StoreError, match="write through the log with KafkaRuntime"):
+            await runtime.store.prune(session_id="s1")
+        assert await runtime.store.session(Scope("s1")) is not None  # reads still served
+        assert await runtime.store.session(Scope("s2")) is None
 
 
 async def test_a_store_opened_only_to_inspect_never_creates_a_schema(dsn: str, schema: str) -> None:
