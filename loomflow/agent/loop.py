@@ -99,6 +99,15 @@ class Take:
     stop: asyncio.Event | None
 
 
+def _interrupted(exc: BaseException) -> bool:
+    """Whether the run was interrupted rather than failed: Ctrl-C (``asyncio.run``
+    cancels its task), a cancelled task, a process exiting, a stopping worker. Such a run
+    records no ``run.failed``; like a run whose process died it stays in flight, so
+    ``agent.resume`` continues it and a worker takes it over once its lease lapses (a
+    run.failed made a worker leave it alone). ``agent.cancel`` stops a run for good."""
+    return isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit)
+
+
 class _Released(BaseException):
     """Raised at a run's next step once its worker stops: the run ends unrecorded, for
     the next worker (not an Exception, so that a tool's ``except Exception`` passes it)."""
@@ -266,8 +275,6 @@ class Run:
             logger.info("%s stops with its worker; left for another", self.writer.scope.describe())
             raise asyncio.CancelledError() from None
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError) and self._stopping():
-                raise  # the worker stops past its grace: the run is left as a crash leaves it
             await self._record_failure(exc)
             raise
         # once the run returns, every process reads its checkpoints (on Kafka: the one
@@ -625,6 +632,9 @@ class Run:
     async def _record_failure(self, exc: BaseException) -> None:
         if isinstance(exc, InvalidEventError):
             return  # the session is no longer ours to write to
+        if _interrupted(exc):
+            self._left(exc)
+            return
         try:
             await self.writer.emit(
                 RunFailed,
@@ -637,6 +647,17 @@ class Run:
             )
         except BaseException as again:  # the store may be what failed
             logger.warning("could not record the failure of run %s: %s", self.writer.run_id, again)
+
+    def _left(self, exc: BaseException) -> None:
+        """Log a run interrupted in this process (see ``_interrupted``), which records
+        nothing more: it is left as a crash leaves it."""
+        why = "its worker stops" if self._stopping() else type(exc).__name__
+        logger.info(
+            "%s: run %s interrupted (%s); left as a crash leaves it, for a resume or a worker",
+            self.writer.scope.describe(),
+            self.writer.run_id,
+            why,
+        )
 
     def _parks(self, exc: BaseException) -> bool:
         """Whether a failure parks the session for a person (``sessions ls --stuck``): a

@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -297,3 +302,112 @@ async def test_a_heartbeat_failed_during_the_final_model_call_leaves_the_answer_
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.type for e in events[-3:]] == ["turn.appended", "checkpoint.written", "run.finished"]
     await runtime.close()
+
+
+# --- an interrupted run (Ctrl-C, a cancelled task) is left as a crash leaves it ------------
+
+
+def _interruptible(db: Path, replies: list[Any], entered: asyncio.Event | None = None) -> Agent:
+    async def wait_here() -> str:
+        """Waits for a thing that never comes."""
+        if entered is not None:
+            entered.set()
+        await asyncio.Event().wait()  # set by nothing
+        return "never"
+
+    def done_waiting() -> str:
+        """Returns at once."""
+        return "back"
+
+    tool = wait_here if entered is not None else done_waiting
+    tool.__name__ = "wait_here"
+    return Agent(
+        "x",
+        model=ScriptedModel(replies),
+        runtime=SqliteRuntime(db),
+        tools=[tool],
+        tuning=Tuning(checkpoint=True),
+    )
+
+
+async def _left_in_flight(db: Path, session_id: str) -> None:
+    """The session as a crash leaves it: still running (a worker takes it over once its
+    lease lapses), no run.failed; then a resume runs only what was not recorded."""
+    runtime = SqliteRuntime(db)
+    try:
+        events = await runtime.store.read_events(Scope(session_id))
+        assert [e.type for e in events][-1] == "turn.appended"
+        assert "run.failed" not in {e.type for e in events}
+        row = await runtime.store.session(Scope(session_id))
+        assert row is not None and row.status == "running"
+    finally:
+        await runtime.close()
+    agent = _interruptible(db, [ScriptedModel.tool_call("wait_here"), "done"])
+    try:
+        result = await agent.resume(None, session_id=session_id)
+    finally:
+        await agent.aclose()
+    assert result.output == "done"
+    model = agent.model
+    assert isinstance(model, ScriptedModel) and len(model.calls) == 1  # the answer only
+    tools = [m.content for m in model.calls[0] if m.role.value == "tool"]
+    assert tools == ["back"]  # the call the run recorded, made again: it has no result
+
+
+async def test_a_cancelled_run_is_left_for_a_resume_not_failed(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+    agent = _interruptible(
+        tmp_path / "journal.db", [ScriptedModel.tool_call("wait_here"), "done"], entered
+    )
+    run = asyncio.create_task(agent.run("go", session_id="s1"))
+    await asyncio.wait_for(entered.wait(), 60)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await agent.aclose()
+    await _left_in_flight(tmp_path / "journal.db", "s1")
+
+
+_CTRL_C = """
+import asyncio, sys
+from tests.agent.test_loop import _interruptible
+from loomflow.models import ScriptedModel
+
+async def main() -> None:
+    entered = asyncio.Event()
+    agent = _interruptible(sys.argv[1], [ScriptedModel.tool_call("wait_here"), "done"], entered)
+    run = asyncio.create_task(agent.run("go", session_id="s1"))
+    await entered.wait()
+    print("IN TOOL", flush=True)
+    await run
+
+asyncio.run(main())
+"""
+
+
+def _run_to_interrupt(db: Path) -> subprocess.Popen[str]:
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C, str(db)],
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+async def test_ctrl_c_leaves_the_run_for_a_resume_not_failed(tmp_path: Path) -> None:
+    """The README's Ctrl-C: ``asyncio.run`` cancels the run's task on SIGINT."""
+    victim = _run_to_interrupt(tmp_path / "journal.db")
+    try:
+        assert victim.stdout is not None and victim.stderr is not None
+        line = await asyncio.wait_for(asyncio.to_thread(victim.stdout.readline), 60)
+        assert line.strip() == "IN TOOL", victim.stderr.read()
+        victim.send_signal(signal.SIGINT)
+        await asyncio.to_thread(victim.wait, 60)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait(timeout=30)
+    assert victim.stderr is not None and "KeyboardInterrupt" in victim.stderr.read()
+    await _left_in_flight(tmp_path / "journal.db", "s1")
