@@ -702,8 +702,9 @@ class KafkaStore(EventStore):
                 "Start `loomflow processor` with the same LOOMFLOW_* settings as this runtime."
             )
         return (
-            f"{head} No processor has ever reported to this database: is `loomflow processor` "
-            "running against the same Kafka and PostgreSQL?"
+            f"{head} No processor reports to this database now (one that stops removes its "
+            "row): start `loomflow processor` with the same LOOMFLOW_* settings as this "
+            "runtime, against the same Kafka and PostgreSQL."
         )
 
     # -- reads ---------------------------------------------------------------------------------

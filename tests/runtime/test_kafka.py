@@ -27,6 +27,7 @@ from loomflow.models import ScriptedModel
 from loomflow.processors import Projector
 from loomflow.producers import EventProducer
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
+from loomflow.runtime.kafka import KafkaStore
 from loomflow.schemas import CheckpointWritten, RunStarted, TurnAppended, new_id
 from loomflow.schemas.events import (
     CheckpointWrittenPayload,
@@ -357,6 +358,26 @@ async def test_a_runtime_configured_unlike_the_processor_says_how(
     assert f"group {env.group!r} on topic {env.topics.events!r}" in message  # what runs
     assert f"schema {env.schema!r}" in message
     assert "LOOMFLOW_" in message
+
+
+async def test_a_timeout_with_no_processor_reporting_does_not_say_none_ever_ran(
+    env: KafkaEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A processor that stops removes its row: with none reporting, the timeout said
+    that none had ever reported, minutes after one had (a new-user trial)."""
+    runtime = env.runtime()
+    store = runtime.store
+    assert isinstance(store, KafkaStore)
+
+    async def nobody() -> list[Any]:
+        return []
+
+    monkeypatch.setattr(store._reads, "processors", nobody)
+    said = await store._diagnose({0: 7})
+    assert "No processor reports to this database now" in said
+    assert "ever" not in said and "one that stops removes its row" in said
+    assert "start `loomflow processor` with the same LOOMFLOW_* settings" in said
+    await runtime.close()
 
 
 async def test_an_unreachable_postgres_names_the_script(env: KafkaEnv) -> None:
