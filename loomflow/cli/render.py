@@ -369,10 +369,13 @@ def session_head(row: SessionRecord) -> Table:
         head.add_row("waits for", Text(f"signal {row.waiting.signal!r}{until}"))
     if row.inbox:
         head.add_row("inbox", Text(", ".join(f"{s.name} (seq {s.seq})" for s in row.inbox)))
-    if row.status == "stuck" and row.last_error:
-        head.add_row("error", Text(row.last_error))
     if row.status == "cancelled" and row.last_error:
         head.add_row("cancelled", Text(row.last_error.removeprefix("cancelled: ")))
+    elif row.last_error:
+        # a failed or parked run's error; only a finished run clears it, so a session
+        # whose run went on after one (resumed, retried, now waiting) still has it
+        said = "error" if row.status in ("failed", "stuck") else "last error"
+        head.add_row(said, Text(row.last_error))
     if status(row) == "abandoned":
         from loomflow.schemas.events import DEFAULT_LEASE_SECONDS
 

@@ -529,6 +529,37 @@ def test_retry_takes_a_stuck_run_over_once_and_resume_continues_it_with_a_prompt
     assert len(before) == len(after) == 1 and before != after
 
 
+def test_show_prints_the_error_a_failed_run_points_to_and_keeps_it_while_the_session_goes_on(
+    cli: Cli, tmp_path: Path
+) -> None:
+    from loomflow.errors import ModelError
+
+    db = tmp_path / "journal.db"
+
+    async def fail() -> None:  # a first run whose model has no reply at all
+        async with SqliteRuntime(db) as runtime:
+            with pytest.raises(ModelError):
+                agent = lifecycle.researcher(replies=0, runtime=runtime)
+                await agent.run("Pay.", session_id="inv-7")
+
+    asyncio.run(fail())
+    store = ["inv-7", "--db", str(db)]
+    resume = ["sessions", "resume", *store, "--agent"]
+    ran = cli(*resume, f"{LIFECYCLE}:broken", "--prompt", "Pay invoice 7.")
+    assert ran.code == 1 and "see `loomflow sessions show inv-7`" in ran.err, ran.err
+    row = _row(db, "inv-7", None)
+    assert row is not None and row.status == "failed" and row.last_error is not None
+    assert row.last_error.startswith("ModelError: ") and row.last_error in ran.err
+    (line,) = _lines_with(cli("sessions", "show", *store).out, row.last_error)
+    assert line.split()[0] == "error", line
+
+    # a person's run goes on from there and waits: the error is still the last one
+    ran = cli(*resume, f"{LIFECYCLE}:payer", "--prompt", "Pay invoice 7.")
+    assert ran.code == 0 and "waits for signal 'approve'" in ran.out, ran
+    (line,) = _lines_with(cli("sessions", "show", *store).out, row.last_error)
+    assert line.startswith("last error "), line
+
+
 def test_a_run_silent_past_its_lease_lists_as_abandoned_and_resume_takes_it_not_a_live_one(
     cli: Cli, tmp_path: Path
 ) -> None:
