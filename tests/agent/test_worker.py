@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from loomflow.agent.worker import Budget, Worker
 from loomflow.models.scripted import ScriptedModel
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.runtime.base import abandoned
+from loomflow.schemas.clock import utcnow
 from loomflow.schemas.sessions import SessionRecord
 from tests.support.scenario import Research
 from tests.support.signals import approval_agent
@@ -256,6 +258,27 @@ async def test_a_worker_leaves_runs_of_agents_it_does_not_host(
     await runtime.close()
     assert "does not host" in caplog.text and "'agent'" in caplog.text
     assert await _status(db, "s1") == "running"
+
+
+async def test_a_worker_leaves_a_fork_no_run_has_continued_alone_and_says_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    agent = Agent(
+        "x", model=ScriptedModel(["Oslo: 709000."]), runtime=runtime, tuning=Tuning(checkpoint=True)
+    )
+    await agent.run("Oslo?", session_id="s1")
+    (checkpoint,) = await runtime.store.list_checkpoints(Scope("s1"), 10)
+    await runtime.fork(Scope("s1"), checkpoint.checkpoint_id, session_id="s1-fork")
+    # an hour on, as `loomflow sessions fork` leaves it: past any lease, still no run
+    later = utcnow() + timedelta(hours=1)
+    monkeypatch.setattr("loomflow.runtime.base.utcnow", lambda: later)
+    with caplog.at_level(logging.DEBUG, logger="loomflow.worker"):
+        assert await Worker([agent]).scan() == []
+    fork = await runtime.store.session(Scope("s1-fork"))
+    await runtime.close()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert fork is not None and (fork.status, fork.last_run_id) == ("running", None)
 
 
 # -- signals ----------------------------------------------------------------------------
