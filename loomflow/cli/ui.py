@@ -104,13 +104,14 @@ def _ui(args: argparse.Namespace) -> int:
     if settings is None:
         return 2
     if args.db is not None and not args.db.is_file():
-        # as every command that reads a store: it opens one, it does not wait for one
+        # as every command that reads a store: it opens one, it does not wait for one, and
+        # a store that cannot be read is exit 1 (the arguments themselves were well formed)
         what = "is a directory" if args.db.is_dir() else "does not exist"
         print(
             f"loomflow ui: --db {args.db} {what}: name the SQLite file of a SqliteRuntime",
             file=sys.stderr,
         )
-        return 2
+        return 1
     try:
         source = Source.of(args.db, dsn=args.dsn, schema=args.schema)
     except Refused as exc:
