@@ -82,6 +82,15 @@ def _prompt(text: str) -> str:
     return text
 
 
+def _payload(text: str) -> Any:
+    """A --json value: the signal's payload, parsed here so that text that is not JSON
+    is a bad argument as a malformed --since is (argparse's usage, then what is wrong)."""
+    try:
+        return verbs.parse_payload(text)
+    except Refused as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parents() -> dict[str, argparse.ArgumentParser]:
     """Option sets the commands share: the store, one user or every user, writes, and
     the ``--yes`` of a command that asks first."""
@@ -374,7 +383,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _session_argument(send)
     send.add_argument("name", metavar="NAME", help="the signal's name")
     send.add_argument(
-        "--json", default="null", metavar="JSON", help="the payload, as JSON (default: null)"
+        "--json",
+        dest="payload",
+        type=_payload,
+        default=None,
+        metavar="JSON",
+        help="the payload, as JSON (default: null)",
     )
     send.set_defaults(handler=_handler("signal", _signal, writes=True))
 
@@ -598,13 +612,7 @@ async def _fork(args: argparse.Namespace, runtime: Runtime, out: Console) -> int
 async def _signal(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
     from loomflow.runtime import Scope
 
-    try:
-        data = verbs.parse_payload(args.json)
-    except Refused as exc:
-        raise Refused(
-            f"--json is not JSON: {str(exc).removeprefix('the payload is not JSON: ')}", 2
-        ) from None
-    seq = await verbs.signal(runtime, Scope(args.session, args.user), args.name, data)
+    seq = await verbs.signal(runtime, Scope(args.session, args.user), args.name, args.payload)
     print(f"sent {args.name} to {args.session} (seq {seq})")
     return 0
 

@@ -281,6 +281,11 @@ def test_bad_input_is_one_line_and_a_documented_exit_code(cli: Cli, zoo: Zoo) ->
         error = ran.err.splitlines()
         assert message in error[-1], (argv, ran.err)
         assert len(error) == 1 or (code == 2 and ran.err.startswith("usage: ")), ran.err
+    # a payload that is not JSON is a bad argument as the README has them: argparse's usage
+    # lines, then what is wrong (checked before the store is opened, so nothing is sent)
+    ran = cli("signal", "inv-7", "approve", "--json", "yes", *db)
+    assert (ran.code, ran.out) == (2, "") and ran.err.startswith("usage: loomflow signal "), ran
+    assert "argument --json: the payload is not JSON: " in ran.err.splitlines()[-1], ran.err
     said = cli("tail", "--type", "bogus.type", *db).err.splitlines()[-1]
     assert all(kind in said for kind in event_types()) and "run.*" in said
 
