@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 import venv
 from pathlib import Path
 from typing import Any
@@ -282,6 +283,16 @@ def _console_serves(argv: list[str], cwd: Path, env: dict[str, str], url: str) -
     finally:
         console.send_signal(signal.SIGINT)
         assert console.wait(30) == 0
+
+
+def test_the_install_line_of_all_names_every_extra_all_installs() -> None:
+    from packaging.requirements import Requirement
+
+    (line,) = [line for line in block("pip install .", "sh").text.splitlines() if "[all]" in line]
+    named = re.findall(r"\[(\w+)\]", line.partition("#")[2])
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (everything,) = project["optional-dependencies"]["all"]
+    assert sorted(named) == sorted(Requirement(everything).extras), line
 
 
 @pytest.mark.slow
