@@ -187,7 +187,11 @@ class PostgresStore(DatabaseStore):
                 if not self.create and not await pg.schema_version(conn, self.schema):
                     raise StoreError(
                         f"no loomflow schema {self.schema!r} in PostgreSQL at "
-                        f"{_redact(self.dsn)}: check the schema name (LOOMFLOW_SCHEMA)"
+                        f"{_redact(self.dsn)}: check the schema name (LOOMFLOW_SCHEMA); if "
+                        "it is right, nothing has created it yet: `loomflow processor` "
+                        "creates a Kafka log's read model, a PostgresRuntime its schema on "
+                        "first use, and `loomflow setup` either ahead of them "
+                        "(`--postgres-only` without Kafka)"
                     )
                 if self.auto_migrate:
                     await pg.migrate(conn, self.schema)

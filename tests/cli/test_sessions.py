@@ -733,6 +733,9 @@ def test_on_postgresql_with_dsn_and_schema_options(
     assert set(SESSION_ID.findall(ran.out)) == {made.ada, made.fork, made.bob, made.anon}
     ran = cli("sessions", "ls", "--user", "ada", "--dsn", dsn, "--schema", "lf_none")
     assert ran.code == 1 and "no loomflow schema 'lf_none'" in ran.err
+    # and what makes one, for a schema named right that nothing has written yet
+    assert "`loomflow processor` creates a Kafka log's read model" in ran.err, ran.err
+    assert "a PostgresRuntime its schema on first use, and `loomflow setup`" in ran.err
 
     async def exists(name: str) -> bool:
         conn = await asyncpg.connect(dsn)
