@@ -329,6 +329,13 @@ class Runtime(Resource):
         payload = SignalSentPayload(name=name, data=data)
 
         def receivable(row: SessionRecord) -> None:
+            if row.last_run_id is None:
+                # a fork no run has continued (`loomflow sessions fork`): the log gives it
+                # the status running, but no run is in flight, now or once a lease lapses
+                raise SignalRefusedError(
+                    f"{scope.describe()} is a fork that no run has continued, so no run is "
+                    f"in flight to receive signal {name!r}: resume it first"
+                )
             if row.status in ("finished", "failed", "stuck", "cancelled"):
                 raise SignalRefusedError(
                     f"{scope.describe()} has no run in flight to receive signal {name!r} "

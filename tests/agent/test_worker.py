@@ -276,9 +276,15 @@ async def test_a_worker_leaves_a_fork_no_run_has_continued_alone_and_says_nothin
     with caplog.at_level(logging.DEBUG, logger="loomflow.worker"):
         assert await Worker([agent]).scan() == []
     fork = await runtime.store.session(Scope("s1-fork"))
-    await runtime.close()
     assert [r.getMessage() for r in caplog.records] == []
     assert fork is not None and (fork.status, fork.last_run_id) == ("running", None)
+    # nor is it a run to signal: it said "run None … is running" (retriable) within the
+    # lease, and took the signal past it, which no run then received
+    for when in (utcnow, lambda: later):
+        monkeypatch.setattr("loomflow.runtime.base.utcnow", when)
+        with pytest.raises(SignalRefusedError, match="a fork that no run has continued"):
+            await agent.signal("s1-fork", "approve", {"ok": True})
+    await runtime.close()
 
 
 # -- signals ----------------------------------------------------------------------------
