@@ -111,9 +111,12 @@ class MemoryLog:
 
     def in_flight(self, now: datetime, limit: int) -> list[SessionRecord]:
         """The running and signalled sessions, the longest silent first, then the waiting
-        ones whose wait timed out by ``now``: up to ``limit`` of each."""
+        ones whose wait timed out by ``now``: up to ``limit`` of each. Forks no run has
+        continued are left out (no run to take over)."""
         rows = sorted((s.row for s in self.sessions.values()), key=lambda r: r.updated_at)
-        live = [r for r in rows if r.status in ("running", "signalled")][:limit]
+        live = [
+            r for r in rows if r.status in ("running", "signalled") and r.last_run_id is not None
+        ][:limit]
         timed_out = [
             r
             for r in rows

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from loomflow import Agent, Message, wait_for_signal
+from loomflow import Agent, Message, Tuning, wait_for_signal
 from loomflow.errors import SessionNotFoundError, SignalRefusedError, SignalTimeoutError
 from loomflow.models import ScriptedModel
 from loomflow.runtime import Runtime, Scope
@@ -91,6 +91,13 @@ class Signals:
         assert row is not None and row.status == "finished" and row.inbox == ()
 
     async def test_a_worker_looks_only_at_runs_that_may_be_due(self, runtime: Runtime) -> None:
+        # a fork no run has continued (`loomflow sessions fork`) has no run to take over,
+        # however long ago it was made: older than every run here, it is never read
+        tuning = Tuning(checkpoint=True)
+        done = Agent("x", model=ScriptedModel(["Done."]), runtime=runtime, tuning=tuning)
+        await done.run("Go.", session_id="done")
+        (checkpoint,) = await runtime.list_checkpoints(Scope("done"))
+        await runtime.fork(Scope("done"), checkpoint.checkpoint_id, session_id="forked")
         for n in range(3):
             await _approval(runtime, []).run("Pay.", session_id=f"pay-{n}")
         await runtime.signal(Scope("pay-1"), "approve", {"ok": True})

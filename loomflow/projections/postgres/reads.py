@@ -215,12 +215,13 @@ async def sessions_in_flight(
 ) -> list[SessionRecord]:
     """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
     running sessions, the longest silent first (their leases say which are abandoned);
-    the signalled ones; the waiting ones whose wait timed out by ``now``."""
+    the signalled ones; the waiting ones whose wait timed out by ``now``. A fork that no
+    run has continued has no run to take over: old ones would fill the first kind."""
     table = f"{quoted(schema)}.sessions"
     rows = list(
         await conn.fetch(
             f"SELECT {SESSION_COLUMNS} FROM {table} WHERE status IN ('running', 'signalled') "
-            "ORDER BY updated_at LIMIT $1",
+            "AND last_run_id IS NOT NULL ORDER BY updated_at LIMIT $1",
             limit,
         )
     )

@@ -146,11 +146,12 @@ def session_totals(
 def sessions_in_flight(conn: sqlite3.Connection, now: datetime, limit: int) -> list[SessionRecord]:
     """Where a worker looks for runs to take over, up to ``limit`` of each kind: the
     running sessions, the longest silent first (their leases say which are abandoned);
-    the signalled ones; the waiting ones whose wait timed out by ``now``."""
+    the signalled ones; the waiting ones whose wait timed out by ``now``. A fork that no
+    run has continued has no run to take over: old ones would fill the first kind."""
     columns = ", ".join(SESSION_FIELDS)
     rows = conn.execute(
         f"SELECT {columns} FROM loomflow_sessions WHERE status IN ('running', 'signalled') "
-        "ORDER BY updated_at LIMIT ?",
+        "AND last_run_id IS NOT NULL ORDER BY updated_at LIMIT ?",
         (limit,),
     ).fetchall()
     rows += conn.execute(
