@@ -55,10 +55,6 @@ def due(row: SessionRecord) -> Reason | None:
     """Why a worker should take the session's run over now, or None: its writer went
     silent past its lease, or it waits for a signal that is in its inbox (or whose
     timeout passed)."""
-    if row.last_run_id is None:
-        # a fork that no run has continued yet (`loomflow sessions fork`): the log gives
-        # it the status running, but there is no run to take over, only a person's to start
-        return None
     if abandoned(row):
         return "abandoned"
     if row.status == "signalled":

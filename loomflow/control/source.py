@@ -275,11 +275,10 @@ async def _refuse_kafka_read_model(runtime: Runtime) -> None:
     store = runtime.store
     if not isinstance(store, PostgresStore):
         return
-    consumers = await store.consumed_topics()
-    if consumers:
-        groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in consumers}))
+    feeds = await store.kafka_feeds()
+    if feeds:
         raise Refused(
-            f"schema {store.schema!r} is the read model of a Kafka log (positions of "
-            f"{groups}): pass --kafka so this goes through the log",
+            f"schema {store.schema!r} is the read model of a Kafka log ({feeds}): pass "
+            "--kafka so this goes through the log",
             2,
         )

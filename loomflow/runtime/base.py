@@ -54,8 +54,10 @@ _HOST = socket.gethostname()
 
 def abandoned(row: SessionRecord, default_lease: float = DEFAULT_LEASE_SECONDS) -> bool:
     """Whether the session's run is running and its writer has been silent past its
-    lease (the one its run.started recorded, else ``default_lease``)."""
-    if row.status != "running":
+    lease (the one its run.started recorded, else ``default_lease``). A fork that no run
+    has continued (``loomflow sessions fork``) has the status running but no run, so it
+    is never abandoned."""
+    if row.status != "running" or row.last_run_id is None:
         return False
     lease = row.lease_seconds or default_lease
     return (utcnow() - row.updated_at).total_seconds() > lease

@@ -149,16 +149,23 @@ class PostgresStore(DatabaseStore):
         PostgresRuntime and KafkaRuntime share): what this store wrote would be in no log,
         so a rebuild, ``loomflow tail`` and the audit would never see it, and the
         projector would refuse the session's later events."""
-        if self._fed_by is None:
-            self._fed_by = await self.consumed_topics()
-        if self._fed_by:
-            groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in self._fed_by}))
+        feeds = await self.kafka_feeds()
+        if feeds:
             raise StoreError(
                 f"schema {self.schema!r} in PostgreSQL at {_redact(self.dsn)} is the read "
-                f"model of a Kafka log (positions of {groups}): write through the log with "
-                "KafkaRuntime, or give PostgresRuntime a schema of its own (schema=, or "
-                "LOOMFLOW_SCHEMA)"
+                f"model of a Kafka log ({feeds}): write through the log with KafkaRuntime, "
+                "or give PostgresRuntime a schema of its own (schema=, or LOOMFLOW_SCHEMA)"
             )
+
+    async def kafka_feeds(self) -> str | None:
+        """Which Kafka consumers project into the schema ("positions of GROUP of TOPIC,
+        ..."), read once a connection; None for PostgresRuntime's own log."""
+        if self._fed_by is None:
+            self._fed_by = await self.consumed_topics()
+        if not self._fed_by:
+            return None
+        groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in self._fed_by}))
+        return f"positions of {groups}"
 
     async def _connect(self) -> asyncpg.Pool:
         password = urlsplit(self.dsn).password if "://" in self.dsn else None

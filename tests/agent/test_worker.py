@@ -30,7 +30,7 @@ from loomflow import (
     Tuning,
     wait_for_signal,
 )
-from loomflow.agent.worker import Budget, Worker
+from loomflow.agent.worker import Budget, Worker, due
 from loomflow.models.scripted import ScriptedModel
 from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.runtime.base import abandoned
@@ -278,6 +278,7 @@ async def test_a_worker_leaves_a_fork_no_run_has_continued_alone_and_says_nothin
     fork = await runtime.store.session(Scope("s1-fork"))
     assert [r.getMessage() for r in caplog.records] == []
     assert fork is not None and (fork.status, fork.last_run_id) == ("running", None)
+    assert due(fork) is None  # not abandoned: it has no run (whoever read it)
     # nor is it a run to signal: it said "run None … is running" (retriable) within the
     # lease, and took the signal past it, which no run then received
     for when in (utcnow, lambda: later):
