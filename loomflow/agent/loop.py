@@ -277,9 +277,9 @@ class Run:
         except BaseException as exc:
             await self._record_failure(exc)
             raise
-        # once the run returns, every process reads its checkpoints (on Kafka: the one
-        # wait for the projector at the end of a run); a refusal of any event raises here
-        await self.writer.confirm()
+        # a refusal of any event raises here; every process's reads of its checkpoints
+        # wait for them by position, so on Kafka the run need not wait for the projector
+        await self.writer.confirm(visible=False)
         return self._result(output)
 
     async def _open(self, prompt: str) -> None:
@@ -332,7 +332,7 @@ class Run:
         except BaseException as exc:
             await self._record_failure(exc)
             raise
-        await self.writer.confirm()
+        await self.writer.confirm(visible=False)
         logger.info("%s waits for signal %r", self.writer.scope.describe(), waiting.signal)
         self.stop_reason = "waiting"
         return self._result(self._output(), waiting_for=waiting.signal)

@@ -18,7 +18,7 @@ from aiokafka.errors import (
 )
 from aiokafka.partitioner import DefaultPartitioner
 
-from loomflow.errors import StoreError, StoreUnavailableError
+from loomflow.errors import InvalidEventError, StoreError, StoreUnavailableError
 from loomflow.producers.topics import Topics, scope_key, started
 from loomflow.schemas import Event
 from loomflow.schemas.events import MAX_EVENT_BYTES
@@ -163,16 +163,28 @@ class EventProducer:
 
     async def enqueue(self, events: Sequence[Event]) -> list[asyncio.Future[Any]]:
         """Hand events to the producer, in order, without waiting for the broker; the
-        futures resolve when it acknowledges them (pass them to ``acked``)."""
+        futures resolve when it acknowledges them (pass them to ``acked``).
+
+        Raise InvalidEventError, with none of them sent, for an event whose JSON is
+        larger than MAX_EVENT_BYTES: every reader of the log refuses it (the projector
+        would dead-letter it), and a writer counts on the projector taking what the
+        fold takes (``KafkaStore.confirm``)."""
+        values = [event.model_dump_json().encode() for event in events]
+        for event, value in zip(events, values, strict=True):
+            if len(value) > MAX_EVENT_BYTES:
+                raise InvalidEventError(
+                    f"{event.type} event at seq {event.seq} of session {event.session_id!r} "
+                    f"is {len(value)} bytes of JSON; the log takes at most {MAX_EVENT_BYTES}"
+                )
         producer = await self._ready()
         try:
             pending = []
-            for event in events:
+            for event, value in zip(events, values, strict=True):
                 key = scope_key(event.user_id, event.session_id)
                 pending.append(
                     await producer.send(
                         self.topics.events,
-                        value=event.model_dump_json().encode(),
+                        value=value,
                         key=key,
                         partition=await self.partition_of(key),
                         headers=[("type", event.type.encode())],

@@ -22,7 +22,9 @@ Consistency, as a user meets it:
   passed the end of the session's partition as it was when the read began, so it sees
   every append Kafka acknowledged before it, this process's or another's. A resume folds
   the session's unprojected tail of the log itself, so it never waits for a lagging read
-  model. When a run returns, the projector has applied all of it (``confirm``).
+  model. When a run returns, its events are in the log and their verdict is known (any
+  refusal raised), so every process's reads see them; the run did not wait for the
+  projector to apply them unless the log's order left that verdict to it (``confirm``).
 """
 
 from __future__ import annotations
@@ -464,7 +466,12 @@ class KafkaStore(EventStore):
                 listener = self._listener
                 watch.listened = listener.generation if listener.connected else None
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
-        return list(events), await self._producer.enqueue(events)
+        try:
+            return list(events), await self._producer.enqueue(events)
+        except InvalidEventError:  # too large for the log: none of them was sent
+            for event in events:
+                self._watch(scope_of(event)).unconfirmed.discard(event.event_id)
+            raise
 
     async def _settle(self, keys: set[Scope], *also: _Sending, quiet: bool = False) -> None:
         """Wait for the acknowledgement of what was sent for ``keys`` (and ``also``), in
@@ -575,10 +582,10 @@ class KafkaStore(EventStore):
         """Wait until the projector applied this store's appends to ``scope``; raise the
         typed refusal of any of them.
 
-        ``visible=False`` (a claim) asks for the verdict alone: appends that Kafka put
-        right at the end of the partition as this store knows the session (read by a
-        ``head`` that found the partition applied to its end, then followed through its
-        confirmed appends) are not waited for (see ``_follows``): nothing came between
+        ``visible=False`` (a claim, a run's end) asks for the verdict alone: appends that
+        Kafka put right at the end of the partition as this store knows the session (read
+        by a ``head`` that found the partition applied to its end, then followed through
+        its confirmed appends) are not waited for (see ``_follows``): nothing came between
         the projector's row and them, so the projector applies them as the fold just did.
         That is the common case of a session resumed where it was left, in a partition no
         one else wrote to meanwhile; a busy partition waits.
@@ -719,15 +726,32 @@ class KafkaStore(EventStore):
         if end > 0:
             await self._projected({partition: end - 1})
 
+    async def synced(self) -> None:
+        """Wait until the projector has applied everything the events topic held when
+        this was called, from any process: what a reader of the read model itself (a
+        listing of sessions, as ``loomflow sessions ls`` reads it) waits for to see every
+        run that had returned. A run returns once its events hold, not once the
+        projector applied them; this store's own reads wait by position themselves."""
+        await self.start()
+        partitions = sorted(await self._producer.partitions_for())
+        ends = await self._ends(partitions)
+        await self._projected({p: end - 1 for p, end in ends.items() if end > 0})
+
     async def _end_of(self, partition: int) -> int:
         """The events topic's partition's end offset now (one request to its leader)."""
-        tp = TopicPartition(self.topics.events, partition)
+        return (await self._ends([partition]))[partition]
+
+    async def _ends(self, partitions: Sequence[int]) -> dict[int, int]:
+        """The end offsets of the events topic's ``partitions`` now (one request)."""
+        tps = [TopicPartition(self.topics.events, p) for p in partitions]
         async with self._reader_lock:
             reader = await self._reader()
             try:
-                return int((await reader.end_offsets([tp]))[tp])
+                ends = await reader.end_offsets(tps)
             except KafkaError as exc:
-                raise kafka_error(f"reading the end of {tp.topic}/{partition} failed", exc) from exc
+                where = f"{self.topics.events}/{','.join(map(str, partitions))}"
+                raise kafka_error(f"reading the end of {where} failed", exc) from exc
+        return {tp.partition: int(end) for tp, end in ends.items()}
 
     async def _partition_of(self, scope: Scope) -> int:
         return await self._producer.partition_of(scope_key(scope.user_id, scope.session_id))
@@ -786,11 +810,11 @@ class KafkaStore(EventStore):
         self, scope: Scope, *, checkpoint: bool = False
     ) -> tuple[SessionRecord | None, str | None]:
         """``head`` for a claim, without reading the session when this store knows it:
-        it confirmed its own last appends to it, and the projector has applied the
-        session's partition exactly up to them, so no record came after them that the
-        projector applied. A record in flight is not seen here, but the claim's
-        confirmation sees it (the claim lands behind it: the projector's verdict is
-        awaited, and a claim it refuses is made again of a read; ``open_session``)."""
+        it confirmed its own last appends to it, and the projector has applied no record
+        of the session's partition after them (it may not have applied them yet: a run
+        does not wait for it). A record that came after them is not seen here, but the
+        claim's confirmation sees it (the claim lands behind it: the projector's verdict
+        is awaited, and a claim it refuses is made again of a read; ``open_session``)."""
         watch = self._watches.get(scope)
         known = None if watch is None else watch.known
         if (
@@ -798,7 +822,7 @@ class KafkaStore(EventStore):
             or watch is None
             or watch.unconfirmed
             or watch.sending
-            or self._positions.at(known.partition) != known.end
+            or self._positions.at(known.partition) > known.end
             or (checkpoint and known.latest == _UNKNOWN)
         ):
             return await self.head(scope, checkpoint=checkpoint)

@@ -242,7 +242,8 @@ class EventStore(Resource, ABC):
         embedded stores fold each append in its own transaction, so they have applied
         (or refused) an append when it returns; a log-first store (Kafka) waits here for
         its projector. ``visible=False`` asks for the verdict alone (a claim: whether the
-        session is this writer's), which such a store may know without the projector.
+        session is this writer's; a run's end: whether its events hold), which such a
+        store may know without the projector.
         """
 
 

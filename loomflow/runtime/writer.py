@@ -326,19 +326,22 @@ class SessionWriter:
             if event.event_id in held:
                 self._held.add(again.event_id)
 
-    async def confirm(self) -> None:
-        """Wait until the read model holds this run's events; raise any refusal of them."""
-        async with self._lock:
-            await self._confirm_alone()
+    async def confirm(self, *, visible: bool = True) -> None:
+        """Wait until the read model holds this run's events; raise any refusal of them.
 
-    async def _confirm_alone(self) -> None:
+        ``visible=False`` asks for the verdict alone (``EventStore.confirm``): a run's
+        end, whose readers wait for the read model by position themselves."""
+        async with self._lock:
+            await self._confirm_alone(visible)
+
+    async def _confirm_alone(self, visible: bool) -> None:
         if self._staged:
             if self._in_doubt:
                 await self._settle_doubt()
             staged, self._staged, self._held = self._staged, [], set()
             await self._append(staged)
         try:
-            await self.store.confirm(self.scope)
+            await self.store.confirm(self.scope, visible=visible)
         except InvalidEventError:
             raise
         except BaseException:

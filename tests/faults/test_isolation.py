@@ -290,7 +290,8 @@ Listing = Callable[[str | None], Awaitable[list[SessionRecord]]]
 
 def _listing(runtime: Runtime, readers: list[PostgresStore]) -> Listing | None:
     """How sessions are listed on this runtime: its store's listing, or on Kafka the read
-    model's (as ``loomflow sessions ls`` reads it); None in memory, which lists nothing."""
+    model's (as ``loomflow sessions ls`` reads it) once the projector has applied the log
+    (a run returns before that); None in memory, which lists nothing."""
     store: DatabaseStore | None = None
     if isinstance(runtime.store, DatabaseStore):
         store = runtime.store
@@ -302,6 +303,8 @@ def _listing(runtime: Runtime, readers: list[PostgresStore]) -> Listing | None:
     reader = store
 
     async def listed(user: str | None) -> list[SessionRecord]:
+        if isinstance(runtime, KafkaRuntime):
+            await runtime.store.synced()
         return await reader.list_sessions(user_id=user, limit=100_000)
 
     return listed

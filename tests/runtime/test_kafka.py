@@ -30,6 +30,7 @@ from loomflow.runtime import KafkaRuntime, RestoredState, Scope
 from loomflow.runtime.kafka import KafkaStore
 from loomflow.schemas import CheckpointWritten, RunStarted, TurnAppended, new_id
 from loomflow.schemas.events import (
+    MAX_EVENT_BYTES,
     CheckpointWrittenPayload,
     RunStartedPayload,
     TurnAppendedPayload,
@@ -449,20 +450,20 @@ def _heard(agent: Agent, seen: list[str], calls: list[list[Message]]) -> None:
     agent.model.complete = noted  # type: ignore[method-assign]
 
 
-async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_nothing_first(
+async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_nothing(
     env: KafkaEnv,
 ) -> None:
     """What a Kafka resume pays before its first model call in the process that ran the
     session last: the claim's acknowledgement, nothing else. The session is known there
-    (its last run's appends, confirmed, and the projector applied the partition exactly
-    up to them), and the claim is confirmed by where Kafka put it: right after them, so
-    no other record came between (design: "One synchronous point per run"). Returning
-    waits for the projector once, so that every process reads the run's checkpoints;
-    that confirm asks the read model for no refusals: the runtime's LISTEN connection was
-    up throughout and heard the positions, so it heard every refusal before them.
+    (its last run's appends, their verdict known, and the projector applied no record of
+    the partition after them), and the claim is confirmed by where Kafka put it: right
+    after them, so no other record came between (design: "One synchronous point per
+    run"). Returning waits for nothing either: the run's events landed right after its
+    claim, so the fold's verdict on them is the projector's, and every process's reads of
+    the run's checkpoints wait for them by position.
 
-    That process reads no transcript either: what the projector applied of its own
-    appends is served from memory, and the model is handed the very message objects the
+    That process reads no transcript either: its own appends are served from memory,
+    and the model is handed the very message objects the
     last run had, so its work on them (a count, a conversion, the transcript's hash)
     carries on instead of starting over each turn. Another process reads the session
     (the read model's row, the newest checkpoint and the projector's position at once,
@@ -482,14 +483,12 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     _heard(agent, seen, calls)
     result = await agent.resume(session_id="s1")
     assert result.restored_turns == 6 and result.turns == 9  # it did resume, from turn 6
-    assert seen[: seen.index("model call")] == []
-    assert [s for s in seen if s not in ("model call", "get_step")] == [
-        "projector wait",  # the run's return: its checkpoints are readable everywhere
-    ]
+    assert [s for s in seen if s not in ("model call", "get_step")] == []
     before = last[-1]
     assert all(map(operator.is_, calls[0][: len(before)], before))
     assert len(calls[0]) > len(before)  # and the answer and the new prompt after them
 
+    await eventually(env.caught_up, what="the projector to apply the run")
     other = env.runtime()  # another process: nothing of the session in its memory
     seen.clear()
     _counted(other, seen)
@@ -500,6 +499,7 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     # its first claim waits: that projector has applied nothing of this process's yet
     assert _reads(seen) == ["load_head", "log end", "projector wait", "read_transcript"]
 
+    await eventually(env.caught_up, what="the projector to apply the other process's run")
     seen.clear()  # the first process again: the other one's run came after what it knew
     agent = Research(passes=5).agent(runtime)
     _heard(agent, seen, [])
@@ -507,6 +507,67 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     assert result.restored_turns == 12 and result.turns == 15
     assert _reads(seen) == ["load_head", "log end", "read_transcript"]
     await other.close()
+    await runtime.close()
+
+
+async def test_runs_return_without_the_projector_and_another_process_then_reads_them(
+    env: KafkaEnv,
+) -> None:
+    """A pass waits for the projector nowhere once a process has run the session (issue
+    25: each run's end waited for it). With the projector stopped after the first run, the
+    same process resumes the session twice: each claim made of what it knew and confirmed
+    by where Kafka put it, though the projector has not applied the run before (the
+    second); each end confirmed by the fold's verdict. Once the projector is back, another
+    process waits for it by position (``synced``, before reading the read model itself, as
+    a listing does) and sees both runs."""
+    projector = await env.start_projector()
+    runtime = env.runtime(projection_timeout=1.5)  # a wait for the projector fails the test
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    await eventually(env.caught_up, what="the projector to apply the first run")
+    await env.stop_projector(projector)
+    for passes in (2, 3):
+        result = await Research(passes=passes).agent(runtime).resume(session_id="s1")
+        assert result.restored_turns == 3 * (passes - 1) and result.turns == 3 * passes
+    slow = _SlowProjector(env.settings, poll_ms=20)  # back, and behind for a while
+    await slow.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(slow.run(stop))
+    other = env.runtime()
+    try:
+        await other.store.synced()
+        row, _ = await other.store.projected_session(Scope("s1"))
+        assert row is not None and row.status == "finished" and row.turns == 9
+        metas = await other.list_checkpoints(Scope("s1"))
+        assert [m.turn for m in metas] == [9, 6, 3]
+    finally:
+        stop.set()
+        await task
+        await slow.stop()
+        for opened in (runtime, other):
+            await opened.close()
+
+
+async def test_an_event_larger_than_the_log_takes_is_refused_before_it_is_sent(
+    env: KafkaEnv,
+) -> None:
+    """Every reader of the log refuses an event past MAX_EVENT_BYTES (the projector
+    dead-letters it), and a run's end takes the fold's verdict for the projector's: so the
+    writer refuses it first, sending nothing of its batch."""
+    runtime = env.runtime()
+    scope = Scope("s1")
+    claim = RunStarted(session_id="s1", run_id=new_id("run"), seq=1, epoch=1)
+    huge = TurnAppended(
+        session_id="s1",
+        run_id=claim.run_id,
+        seq=2,
+        epoch=1,
+        payload=TurnAppendedPayload(messages=[Message.user("x" * MAX_EVENT_BYTES)]),
+    )
+    before = await env.end_offsets()
+    with pytest.raises(InvalidEventError, match=f"at most {MAX_EVENT_BYTES}"):
+        await runtime.store.append([claim, huge])
+    assert await env.end_offsets() == before
+    assert not runtime.store._watches[scope].unconfirmed  # nothing of it is awaited
     await runtime.close()
 
 
@@ -604,6 +665,7 @@ async def _read_by_two(env: KafkaEnv) -> tuple[Scope, SessionRecord, list[KafkaR
     scope = Scope("s1")
     first = env.runtime()
     await Research(passes=1).agent(first).run("Research.", session_id="s1")
+    await eventually(env.caught_up, what="the projector to apply the run")  # reads find it so
     second = env.runtime()
     row, _ = await first.store.head(scope)
     again, _ = await second.store.head(scope)
