@@ -962,6 +962,7 @@ class KafkaStore(EventStore):
         ``checkpoints.pruned`` event. Journal steps of live sessions are kept.
         """
         await self.start()
+        await self.synced()  # the sessions as the log has them: a run returns before that
         before = match.before
         sessions = checkpoints = events = 0
         for row in await self._reads.matching_sessions(match):

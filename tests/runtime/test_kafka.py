@@ -547,6 +547,29 @@ async def test_runs_return_without_the_projector_and_another_process_then_reads_
             await opened.close()
 
 
+async def test_prune_right_after_a_run_counts_the_whole_run(env: KafkaEnv) -> None:
+    """A run returns before the projector has applied it; prune reads the read model to
+    find what to delete, so it first waits for it by position (``synced``): the erased
+    session's checkpoints and events are all of them, not what a loaded projector had
+    applied when the run returned."""
+    slow = _SlowProjector(env.settings, poll_ms=20)
+    await slow.start()
+    stop = asyncio.Event()
+    task = asyncio.create_task(slow.run(stop))
+    runtime = env.runtime()
+    try:
+        await Research(passes=3).agent(runtime).run("Research.", session_id="s1")
+        row = await runtime.store.session(Scope("s1"))  # the log's, tail folded
+        assert row is not None
+        pruned = await runtime.store.prune(session_id="s1")
+    finally:
+        stop.set()
+        await task
+        await slow.stop()
+        await runtime.close()
+    assert (pruned.sessions, pruned.checkpoints, pruned.events) == (1, 3, row.last_seq)
+
+
 async def test_an_event_larger_than_the_log_takes_is_refused_before_it_is_sent(
     env: KafkaEnv,
 ) -> None:
