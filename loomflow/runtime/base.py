@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Callable
@@ -14,6 +15,8 @@ from loomflow.errors import (
     CheckpointNotFoundError,
     CorruptRecordError,
     InvalidIdError,
+    LoomflowError,
+    ProjectionTimeoutError,
     RunCancelledError,
     RunTakenError,
     SequenceConflictError,
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
     from loomflow.settings import Settings
 
 __all__ = ["RestoredState", "Runtime", "abandoned"]
+
+logger = logging.getLogger(__name__)
 
 #: this machine's name, in the ``process`` (host:pid) each run.started records
 _HOST = socket.gethostname()
@@ -219,6 +224,11 @@ class Runtime(Resource):
         makes the claim conditional: it is written only right after that
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
+
+        ProjectionTimeoutError: the claim is in the log, but a log-first store (Kafka) did
+        not hear its verdict in time. Unless a worker made it (a worker's take-over is
+        taken over again later), the run is then parked after it (``stuck``, the error
+        recorded), so that no worker continues a run its caller was told had failed.
         """
         from loomflow.projections.fold import fold
         from loomflow.schemas.events import RunStarted, RunStartedPayload, SessionForked
@@ -283,6 +293,13 @@ class Runtime(Resource):
                 # what the store knew was older than another process's claims (or its
                 # cancel): the epoch is refused before the seq; read the session, claim again
                 continue
+            except ProjectionTimeoutError as exc:
+                if worker is None and await self._park_unconfirmed(writer, len(events), exc):
+                    raise ProjectionTimeoutError(
+                        f"{exc} Run {run_id} of {scope.describe()} was parked (stuck) before "
+                        "any model call: resume the session once a processor runs"
+                    ) from exc
+                raise
             writer.next_seq += len(events)
             writer.opened = events
             for event in events:  # the session as the claim left it, without reading it again
@@ -292,6 +309,33 @@ class Runtime(Resource):
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"
         )
+
+    async def _park_unconfirmed(
+        self, writer: SessionWriter, after: int, exc: ProjectionTimeoutError
+    ) -> bool:
+        """The claim is in the log, but its verdict did not come in time, and the caller
+        hears that its run failed: park that run right after the claim (stuck, for a
+        person; its wait and signals kept), so that no worker continues a run whose
+        caller was told it failed and whose prompt the log never got. False when the
+        log did not take that either: then the caller's error stands alone."""
+        from loomflow.schemas.events import RunFailed, RunFailedPayload
+
+        parked = writer.make(
+            RunFailed,
+            RunFailedPayload(error_type=type(exc).__name__, error=str(exc)[:2000], parked=True),
+            offset=after,
+        )
+        try:
+            await self._store.append([parked])
+        except LoomflowError as failed:
+            logger.warning(
+                "%s: the unconfirmed claim of run %s could not be parked (%s)",
+                writer.scope.describe(),
+                writer.run_id,
+                failed,
+            )
+            return False
+        return True
 
     async def signal(self, scope: Scope, name: str, data: Any = None) -> int:
         """Send the signal ``name`` with ``data`` (JSON) to the session's run; return the
@@ -492,6 +536,10 @@ class Runtime(Resource):
             await self._store.confirm(child)
         except SequenceConflictError:
             raise taken from None  # created by someone else between the check and the write
+        except ProjectionTimeoutError as exc:  # a log-first store: the fork is written
+            raise ProjectionTimeoutError(
+                f"{exc} The fork {child.describe()} is in the log: do not make it again"
+            ) from exc
         return child
 
     async def restore(self, scope: Scope, checkpoint_id: str | None = None) -> RestoredState | None:

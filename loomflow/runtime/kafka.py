@@ -686,9 +686,10 @@ class KafkaStore(EventStore):
         s = self.settings
         head = (
             f"the projector has not applied {s.events_topic} offsets {wanted} within "
-            f"{self.projection_timeout:.0f} s. This runtime waits for the processor group "
+            f"{self.projection_timeout:g} s. This runtime waits for the processor group "
             f"{s.projector_group!r} projecting into PostgreSQL schema {s.db_schema!r} "
-            f"(processor id {s.processor_id!r}, Kafka {s.kafka_bootstrap})."
+            f"(processor id {s.processor_id!r}, Kafka {s.kafka_bootstrap}); what it appended "
+            "stays in the log, applied once a processor runs."
         )
         try:
             seen = await self._reads.processors()

@@ -8,9 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from loomflow.errors import (
-    SequenceConflictError,
-)
+from loomflow.errors import ProjectionTimeoutError, SequenceConflictError
 from loomflow.lifecycle import Resource
 from loomflow.runtime.cache import TranscriptCache
 from loomflow.schemas.clock import utcnow
@@ -223,6 +221,11 @@ class EventStore(Resource, ABC):
                 await self.confirm(scope)
             except SequenceConflictError:
                 continue  # a writer appended meanwhile: go again after it
+            except ProjectionTimeoutError as exc:  # a log-first store: it is written
+                raise ProjectionTimeoutError(
+                    f"{exc} The {event.type} event (seq {event.seq} of {scope.describe()}) "
+                    "is in the log: do not send it again"
+                ) from exc
             return event.seq
         raise SequenceConflictError(f"{scope.describe()} keeps changing; try again")
 

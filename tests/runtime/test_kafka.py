@@ -39,6 +39,7 @@ from loomflow.schemas.sessions import SessionRecord
 from tests.support.kafka_env import ROOT, KafkaEnv
 from tests.support.scenario import Research
 from tests.support.services import postgres_dsn
+from tests.support.signals import approval_agent
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.kafka
@@ -65,8 +66,36 @@ async def test_without_a_running_projector_an_append_fails_clearly(env: KafkaEnv
     await env.start_projector()
     runtime = env.runtime()
     writer = await runtime.open_session(Scope("s1"), run_id=new_id("run"))
-    assert writer.next_seq == 3  # the first claim was projected too, then this one
+    # the first claim was projected too, and the run it opened parked, then this claim
+    assert writer.next_seq == 4
     await runtime.close()
+
+
+async def test_a_run_whose_claim_timed_out_is_parked_so_no_worker_runs_it(
+    env: KafkaEnv,
+) -> None:
+    """With no processor, a run's claim is in the log but its verdict never comes: the
+    caller gets ProjectionTimeoutError before any model call. That run is parked right
+    after its claim (stuck, the error recorded), so once a processor runs, no worker
+    takes it over as abandoned and continues a run its caller was told had failed, with
+    a prompt the log never got (a new user's trial of the README found one doing so)."""
+    runtime = env.runtime(projection_timeout=1.5)
+    research = Research(passes=1)
+    with pytest.raises(ProjectionTimeoutError, match=r"Run run\w+ of session s1 .* was parked"):
+        await research.agent(runtime).run("Research.", session_id="s1")
+    assert research.models[0].calls == 0
+    await runtime.close()
+    await env.start_projector()
+    await eventually(env.caught_up, what="the projector to apply the claim")
+    reader = env.runtime()
+    row = await reader.store.session(Scope("s1"))
+    assert row is not None and row.status == "stuck"
+    assert row.last_error is not None and row.last_error.startswith("ProjectionTimeoutError")
+    in_flight = await reader.store.sessions_in_flight()
+    assert "s1" not in [r.session_id for r in in_flight]  # no worker sees a run to take
+    result = await Research(passes=1).agent(reader).run("Research.", session_id="s1")
+    assert result.turns == 3  # a person runs it again: from where the log left it
+    await reader.close()
 
 
 async def test_an_unreachable_kafka_names_the_script() -> None:
@@ -507,6 +536,41 @@ async def test_a_resume_where_the_session_was_left_reads_nothing_and_waits_for_n
     assert result.restored_turns == 12 and result.turns == 15
     assert _reads(seen) == ["load_head", "log end", "read_transcript"]
     await other.close()
+    await runtime.close()
+
+
+async def test_a_fork_whose_wait_timed_out_says_it_is_in_the_log(env: KafkaEnv) -> None:
+    """A fork made while no processor runs is written, but its wait times out: the error
+    names the fork, which the log holds and a processor applies later, so that its maker
+    does not make it again (a new user's trial found the id nowhere)."""
+    projector = await env.start_projector()
+    runtime = env.runtime(projection_timeout=1.5)
+    await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+    (meta,) = await runtime.list_checkpoints(Scope("s1"))
+    await env.stop_projector(projector)
+    with pytest.raises(ProjectionTimeoutError, match=r"The fork session f1 .* is in the log"):
+        await runtime.fork(Scope("s1"), meta.checkpoint_id, session_id="f1")
+    await env.start_projector()
+    forked = await runtime.store.session(Scope("f1"))
+    assert forked is not None and forked.parent_session_id == "s1"
+    await runtime.close()
+
+
+async def test_a_signal_whose_wait_timed_out_says_it_is_in_the_log(env: KafkaEnv) -> None:
+    """As a fork: a signal sent while no processor runs is written, and the error says so,
+    with its seq, so that its sender does not send it again; once a processor runs, the
+    waiting run has it."""
+    projector = await env.start_projector()
+    runtime = env.runtime(projection_timeout=1.5)
+    waiting = await approval_agent(runtime, []).run("Pay.", session_id="s1")
+    assert waiting.stop_reason == "waiting"
+    await eventually(env.caught_up, what="the projector to apply the wait")
+    await env.stop_projector(projector)
+    with pytest.raises(ProjectionTimeoutError, match=r"signal.sent event \(seq \d+ of session s1"):
+        await runtime.signal(Scope("s1"), "approve", {"ok": True})
+    await env.start_projector()
+    row = await runtime.store.session(Scope("s1"))
+    assert row is not None and row.status == "signalled"
     await runtime.close()
 
 
