@@ -723,9 +723,7 @@ class KafkaStore(EventStore):
         acknowledged before it, from any process (one offsets request, then usually no
         wait at all)."""
         partition = await self._partition_of(scope)
-        end = await self._end_of(partition)
-        if end > 0:
-            await self._projected({partition: end - 1})
+        await self._passed({partition: await self._end_of(partition)})
 
     async def synced(self) -> None:
         """Wait until the projector has applied everything the events topic held when
@@ -734,8 +732,10 @@ class KafkaStore(EventStore):
         run that had returned. A run returns once its events hold, not once the
         projector applied them; this store's own reads wait by position themselves."""
         await self.start()
-        partitions = sorted(await self._producer.partitions_for())
-        ends = await self._ends(partitions)
+        await self._passed(await self._ends(sorted(await self._producer.partitions_for())))
+
+    async def _passed(self, ends: dict[int, int]) -> None:
+        """Wait until the projector has applied each partition up to its end in ``ends``."""
         await self._projected({p: end - 1 for p, end in ends.items() if end > 0})
 
     async def _end_of(self, partition: int) -> int:
