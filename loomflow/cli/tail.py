@@ -115,8 +115,7 @@ async def _read(args: argparse.Namespace, source: Source) -> int:
 
     def show(batch: list[LogRecord]) -> None:
         nonlocal shown
-        # one read may bring several partitions' records: show them in time order
-        for record in sorted(batch, key=_when):
+        for record in _in_order(batch):
             line = _line(record, args.json, width) if wanted(record) else None
             if line is not None:
                 print(line, flush=True)
@@ -166,10 +165,31 @@ def _stdout_gone() -> bool:
     return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
-def _when(record: LogRecord) -> datetime:
+def _in_order(batch: list[LogRecord]) -> list[LogRecord]:
+    """A read's records in the order to show them: by time, as one read may bring several
+    partitions' records, but each partition's in its own order. A record without a time
+    (one that does not decode, or whose signature is refused) goes where its partition
+    has it, after the record before it: it sorted first, ahead of the whole read."""
+    timed: list[tuple[datetime, LogRecord]] = []
+    last: dict[int, datetime] = {}
+    for record in batch:
+        when = _when(record)
+        # never before the partition's previous record, so the (stable) sort keeps it there
+        after = last.get(record.partition)
+        if when is None or (after is not None and when < after):
+            when = after or _EARLIEST
+        last[record.partition] = when
+        timed.append((when, record))
+    return [record for _, record in sorted(timed, key=lambda pair: pair[0])]
+
+
+_EARLIEST = datetime.min.replace(tzinfo=UTC)
+
+
+def _when(record: LogRecord) -> datetime | None:
     if record.event is not None:
         return record.event.at
-    return record.note.at if record.note is not None else datetime.min.replace(tzinfo=UTC)
+    return record.note.at if record.note is not None else None
 
 
 class _Filter:

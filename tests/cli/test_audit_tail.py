@@ -201,3 +201,37 @@ def test_tail_says_why_a_run_was_cancelled() -> None:
     said = RunCancelled(payload=RunCancelledPayload(reason="paid by hand"), **common)
     assert describe(said) == "paid by hand"
     assert describe(RunCancelled(**common)) == "no reason given"
+
+
+def test_tail_shows_several_partitions_by_time_each_in_its_own_order() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from loomflow.cli.tail import _in_order
+    from loomflow.log.reader import LogRecord
+
+    start = datetime(2026, 12, 1, tzinfo=UTC)
+
+    def event(partition: int, offset: int, second: int) -> LogRecord:
+        started = RunStarted(
+            session_id=f"s{partition}",
+            run_id="r",
+            seq=offset + 1,
+            epoch=1,
+            at=start + timedelta(seconds=second),
+        )
+        return LogRecord(partition=partition, offset=offset, event=started)
+
+    def broken(partition: int, offset: int) -> LogRecord:
+        return LogRecord(partition=partition, offset=offset, event=None, error="no JSON")
+
+    # partition 0's second record has no time, and partition 1's clock ran behind at 1:1
+    batch = [
+        event(0, 0, 10),
+        broken(0, 1),
+        event(0, 2, 30),
+        event(1, 0, 5),
+        event(1, 1, 4),
+        event(1, 2, 20),
+    ]
+    shown = [(r.partition, r.offset) for r in _in_order(batch)]
+    assert shown == [(1, 0), (1, 1), (0, 0), (0, 1), (1, 2), (0, 2)]
