@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from loomflow.agent.context import RunContext
 from loomflow.agent.hashes import TranscriptHashes
-from loomflow.agent.loop import Run, Take
+from loomflow.agent.loop import Run, Take, unanswered_by
 from loomflow.agent.options import (
     RUN_KEYWORDS,
     Hosted,
@@ -182,9 +182,11 @@ class Agent:
         latest run recorded, and the explicit keywords); raising there claims nothing.
         A ``mode="resume"`` run continues from the newest checkpoint the claim finds."""
         chosen: list[ResolvedOptions] = []
+        before: list[SessionRecord | None] = [None]
 
         def prepare(row: SessionRecord | None) -> tuple[dict[str, Any], RunOptions]:
             chosen[:] = [options_for(row)]
+            before[0] = row  # the session as the claim found it
             return dict(chosen[0].context.metadata), chosen[0].recorded()
 
         writer = await self.runtime.open_session(
@@ -200,7 +202,15 @@ class Agent:
         restored = await self.runtime.claimed(writer)  # no second read of the session
         if mode == "resume" and restored.checkpoint_id is None:
             logger.info("no checkpoint for %s; resuming by replaying its log", scope.describe())
-        run = Run(self, writer, restored, chosen[0], continuing=continuing, take=take)
+        run = Run(
+            self,
+            writer,
+            restored,
+            chosen[0],
+            continuing=continuing,
+            take=take,
+            previous=unanswered_by(before[0]),
+        )
         return await run.drive(prompt)
 
     async def resume(

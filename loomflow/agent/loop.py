@@ -67,9 +67,9 @@ from loomflow.schemas.events import (
 )
 
 if TYPE_CHECKING:
-    from loomflow.schemas.sessions import Waiting
+    from loomflow.schemas.sessions import SessionRecord, Waiting
 
-__all__ = ["Run", "RunHost", "Take"]
+__all__ = ["Run", "RunHost", "Take", "unanswered_by"]
 
 logger = logging.getLogger("loomflow.agent")
 
@@ -108,6 +108,24 @@ def _interrupted(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit)
 
 
+#: how a run that ended without finishing ended, by the session's status right after it
+_ENDED_UNFINISHED = {
+    "failed": "failed",
+    "stuck": "failed and was parked",
+    "cancelled": "was cancelled",
+}
+
+
+def unanswered_by(row: SessionRecord | None) -> tuple[str, str] | None:
+    """The session's latest run and how it ended, when it ended without finishing (it
+    failed, was parked or was cancelled), as ``row`` (the session before a claim) has
+    it: it may have left its prompt unanswered. None otherwise."""
+    if row is None or row.last_run_id is None:
+        return None
+    how = _ENDED_UNFINISHED.get(row.status)
+    return None if how is None else (row.last_run_id, how)
+
+
 class _Released(BaseException):
     """Raised at a run's next step once its worker stops: the run ends unrecorded, for
     the next worker (not an Exception, so that a tool's ``except Exception`` passes it)."""
@@ -125,6 +143,7 @@ class Run:
         *,
         continuing: bool = False,
         take: Take | None = None,
+        previous: tuple[str, str] | None = None,
     ) -> None:
         self.agent = agent
         #: where the run this one continues stopped to wait for a signal (resume with no
@@ -137,7 +156,11 @@ class Run:
         #: prompt of its own (a continuation goes on with the interrupted run's work)
         claim = writer.opened[-1] if writer.opened else None
         interrupted = claim.payload.interrupted if isinstance(claim, RunStarted) else None
-        self.interrupted = None if continuing else interrupted
+        #: the run before this one when it may have left a prompt unanswered, and how it
+        #: ended (see ``unanswered_by``): this run's own prompt is not a second copy of it
+        self.unanswered = None
+        if not continuing:
+            self.unanswered = (interrupted, "was interrupted") if interrupted else previous
         #: how a worker took the run over (None: a caller's run)
         self.take = take
         #: what this run's own model calls cost (a worker's budget counts them)
@@ -285,24 +308,25 @@ class Run:
     async def _open(self, prompt: str) -> None:
         """Record the run's prompt (after the instructions, in a new session).
 
-        When this run took the session from a run that had recorded its prompt but never
-        answered it (its process died, or another resume took the session while it ran):
-        the same prompt again (a program run again after a crash) is that prompt, now
-        answered, not a second copy; another prompt follows a note of the unanswered one,
-        so the model and a reader of the transcript see what happened instead of two
-        requests in a row.
+        When the run before this one recorded its prompt but never answered it (its
+        process died, another resume took the session while it ran, or it failed, was
+        parked or cancelled): the same prompt again (a program run again after a crash, or
+        after its API key was fixed) is that prompt, now answered, not a second copy;
+        another prompt follows a note of the unanswered one, so the model and a reader of
+        the transcript see what happened instead of two requests in a row.
         """
         text = self._with_schema_note(prompt)
         opening: list[Message] = []
         if not self.messages:
             opening.append(Message.system(self.agent.instructions))
-        elif self.interrupted is not None and self.messages[-1].role is Role.USER:
+        elif self.unanswered is not None and self.messages[-1].role is Role.USER:
             if self.messages[-1].content == text:
                 return
+            run, how = self.unanswered
             opening.append(
                 Message.assistant(
-                    f"[no answer: run {self.interrupted} was interrupted before it answered "
-                    f"this; run {self.writer.run_id} took the session over with the next message]"
+                    f"[no answer: run {run} {how} before it answered this; run "
+                    f"{self.writer.run_id} took the session over with the next message]"
                 )
             )
         opening.append(Message.user(text))

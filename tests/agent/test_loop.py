@@ -411,3 +411,62 @@ async def test_ctrl_c_leaves_the_run_for_a_resume_not_failed(tmp_path: Path) -> 
             victim.wait(timeout=30)
     assert victim.stderr is not None and "KeyboardInterrupt" in victim.stderr.read()
     await _left_in_flight(tmp_path / "journal.db", "s1")
+
+
+# --- a prompt a run left unanswered is not sent twice --------------------------------------
+
+
+class _FirstCall(ScriptedModel):
+    """A model whose first call fails (an API key missing, an outage), or, given
+    ``entered``, hangs until its task is cancelled (Ctrl-C); "done" after that."""
+
+    def __init__(self, entered: asyncio.Event | None = None) -> None:
+        super().__init__(lambda messages: "done")
+        self.entered = entered
+
+    async def complete(self, messages: Any, tools: Any, **kwargs: Any) -> Any:
+        if not self.calls:
+            self.calls.append(list(messages))
+            if self.entered is None:
+                raise RuntimeError("no API key")
+            self.entered.set()
+            await asyncio.Event().wait()  # set by nothing: cancelled
+        return await super().complete(messages, tools, **kwargs)
+
+
+async def _left_unanswered(agent: Agent, model: _FirstCall) -> str:
+    """Run "the task" in session s1 until its first model call fails or is cancelled
+    (the run's process interrupted); the id of that run."""
+    if model.entered is None:
+        with pytest.raises(RuntimeError, match="no API key"):
+            await agent.run("the task", session_id="s1")
+    else:
+        run = asyncio.create_task(agent.run("the task", session_id="s1"))
+        await asyncio.wait_for(model.entered.wait(), 60)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+    row = await agent.runtime.store.session(Scope("s1"))
+    assert row is not None and row.last_run_id is not None
+    return row.last_run_id
+
+
+@pytest.mark.parametrize("again", ["the task", "another task"])
+@pytest.mark.parametrize("ended", ["failed", "was interrupted"])
+async def test_a_run_again_after_one_that_left_its_prompt_unanswered_sends_it_once(
+    tmp_path: Path, again: str, ended: str
+) -> None:
+    model = _FirstCall(asyncio.Event() if ended == "was interrupted" else None)
+    agent = Agent("x", model=model, runtime=SqliteRuntime(tmp_path / "journal.db"))
+    try:
+        first = await _left_unanswered(agent, model)
+        result = await agent.run(again, session_id="s1")
+    finally:
+        await agent.aclose()
+    assert result.output == "done"
+    sent = [m.content for m in model.calls[-1] if m.role.value in ("user", "assistant")]
+    if again == "the task":  # the same prompt: the one left unanswered, now answered
+        assert sent == ["the task"]
+    else:  # another: it follows a note that the first was not answered, and why
+        assert sent[0::2] == ["the task", "another task"] and len(sent) == 3
+        assert sent[1].startswith(f"[no answer: run {first} {ended} before it answered this")
