@@ -29,7 +29,7 @@ from loomflow.errors import SigningKeyError
 from loomflow.schemas.options import DEFAULT_LEASE_SECONDS, Serializer, SignatureMode
 
 if TYPE_CHECKING:
-    from loomflow.schemas.signing import Keyring, Signatures, Signer
+    from loomflow.schemas.signing import Keyring, Role, Signatures, Signer
 
 __all__ = ["Settings"]
 
@@ -293,17 +293,49 @@ class Settings(BaseSettings):
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.events.dlq"
 
-    def signer(self) -> Signer | None:
+    def signer(self, role: Role | None = None) -> Signer | None:
         """The signing key of ``signing_key_file`` or ``signing_key``; None when neither
-        is set. Raises :class:`~loomflow.errors.SigningKeyError` naming the setting."""
+        is set. Raises :class:`~loomflow.errors.SigningKeyError` naming the setting.
+
+        Given the ``role`` it signs for (events: a writer; digests: the audit), a key that
+        the keyring file (``keyring``) does not trust for it now (not held, another role,
+        retired) is refused here, as its readers would refuse everything it signs: a
+        writer left with its retired key, or the audit given a writer's, would otherwise
+        find out only when the log or the digests are checked."""
         if self.signing_key_file is None and self.signing_key is None:
             return None
-        from loomflow.schemas.signing import Signer  # and the event models: only to sign
+        from loomflow.schemas.clock import utcnow
+        from loomflow.schemas.signing import Keyring, Signer  # and the event models: to sign
 
         if self.signing_key_file is not None:
-            return Signer.from_file(self.signing_key_file)
-        assert self.signing_key is not None
-        return Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
+            signer = Signer.from_file(self.signing_key_file)
+            where = f"LOOMFLOW_SIGNING_KEY_FILE={self.signing_key_file}"
+        else:
+            assert self.signing_key is not None
+            signer = Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
+            where = "LOOMFLOW_SIGNING_KEY"
+        if role is not None and self.keyring is not None:
+            refusal = Keyring.load(self.keyring).refusal(signer.key_id, role, utcnow())
+            if refusal is not None:
+                raise SigningKeyError(
+                    f"{where} cannot sign {role}: {refusal} (LOOMFLOW_KEYRING="
+                    f"{self.keyring}), so its readers would refuse what it signs; set the "
+                    "key the keyring trusts for that"
+                )
+        return signer
+
+    def writer_key(self) -> tuple[Signer | None, str | None]:
+        """The key a store signs the events it appends with (``signer()``), and why the
+        keyring file does not let it sign events now (None: it does, or there is no key
+        or no keyring file). The store raises that reason at its first append, not when
+        it is made: a process that only reads the log with a key of another role (the
+        audit, which signs its digests) is not refused."""
+        signer = self.signer()
+        try:
+            self.signer("events")
+        except SigningKeyError as exc:
+            return signer, str(exc)
+        return signer, None
 
     def trusted_keys(self) -> Keyring | None:
         """The keys this process trusts: the keyring file's, else the signing key's own

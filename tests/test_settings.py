@@ -11,7 +11,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from loomflow import Agent
 from loomflow.errors import SignatureError, SigningKeyError
+from loomflow.models import ScriptedModel
 from loomflow.producers import Topics
 from loomflow.runtime import (
     InProcRuntime,
@@ -19,6 +21,7 @@ from loomflow.runtime import (
     PostgresRuntime,
     PostgresStore,
     Runtime,
+    Scope,
     SqliteRuntime,
     SqliteStore,
 )
@@ -199,6 +202,51 @@ def test_a_keyring_is_what_readers_trust_and_require_by_default(
     assert policy.check(trusted.sign_event(_event())) is None
     with pytest.raises(SignatureError, match=f"{own.key_id}, which the keyring does not hold"):
         policy.check(own.sign_event(_event()))
+
+
+async def test_a_key_the_keyring_does_not_trust_for_its_role_now_signs_nothing(
+    unsigned: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A writer left with a retired key, a rotated key not yet in the keyring, the
+    audit's key given to a writer, a writer's to the audit: refused at the runtime's first
+    append (or when the digest writer is made), as every reader would refuse what it
+    signs."""
+    writer, retired, audit, unknown = (Signer.generate() for _ in range(4))
+    keyring = Keyring.of(
+        writer.trusted(("events",)), retired.trusted(("events",)), audit.trusted(("digests",))
+    ).retire(retired.key_id)
+    keyring.save(tmp_path / "keyring.json")
+    unsigned.setenv("LOOMFLOW_KEYRING", str(tmp_path / "keyring.json"))
+    refusals = [
+        (writer, "events", None),
+        (writer, "digests", f"the keyring trusts key {writer.key_id} to sign events only"),
+        (audit, "digests", None),
+        (audit, "events", f"the keyring trusts key {audit.key_id} to sign digests only"),
+        (retired, "events", f"key {retired.key_id} was retired at "),
+        (unknown, "events", f"key {unknown.key_id} is not in the keyring"),
+    ]
+    for signer, role, refusal in refusals:
+        signer.write(key := tmp_path / f"{signer.key_id[8:]}-{role}.pem")
+        unsigned.setenv("LOOMFLOW_SIGNING_KEY_FILE", str(key))
+        if refusal is None:
+            assert (got := Settings().signer(role)) is not None and got.key_id == signer.key_id  # type: ignore[arg-type]
+            continue
+        with pytest.raises(SigningKeyError) as refused:
+            Settings().signer(role)  # type: ignore[arg-type]
+        assert f"LOOMFLOW_SIGNING_KEY_FILE={key} cannot sign {role}: {refusal}" in str(
+            refused.value
+        )
+        if role == "events":  # a runtime made with it reads, but appends nothing
+            for runtime in (SqliteRuntime(tmp_path / "journal.db"), InProcRuntime()):
+                try:
+                    assert await runtime.store.session(Scope("s1")) is None
+                    agent = Agent("x", model=ScriptedModel(["ok"]), runtime=runtime)
+                    with pytest.raises(SigningKeyError, match=f"cannot sign events: {refusal}"):
+                        await agent.run("go", session_id="s1")
+                    assert await runtime.store.read_events(Scope("s1")) == []
+                finally:
+                    await runtime.close()
+    assert Settings().signer() is not None  # not checked when no role is named
 
 
 def test_the_mode_given_is_the_mode_used(unsigned: pytest.MonkeyPatch, tmp_path: Path) -> None:

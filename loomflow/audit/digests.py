@@ -398,7 +398,7 @@ def digest_writer(
     where = place or settings.audit_digests
     if where is None:
         return None
-    signer = settings.signer()
+    signer = settings.signer("digests")
     if signer is None:
         raise SigningKeyError(
             "audit digests are signed: set LOOMFLOW_SIGNING_KEY_FILE (`loomflow keys new`) "

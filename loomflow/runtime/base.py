@@ -117,7 +117,7 @@ class Runtime(Resource):
         )
         self._store = store
         if store.signer is None:  # a store built apart signs with the runtime's key
-            store.signer = resolved.signer()
+            store.signer, store.signing_refused = resolved.writer_key()
         #: checkpoints a session keeps (< 1 keeps all)
         self.max_checkpoints_per_session = resolved.max_checkpoints_per_session
         self.serializer: Serializer = resolved.serializer

@@ -31,7 +31,7 @@ class InProcStore(EventStore):
         """``settings`` (by default the ``LOOMFLOW_*`` environment) give its signing key."""
         from loomflow.settings import Settings
 
-        self.signer = Settings.resolve(settings).signer()
+        self.signer, self.signing_refused = Settings.resolve(settings).writer_key()
         self._memory = MemoryLog()
         self._lock = asyncio.Lock()
 

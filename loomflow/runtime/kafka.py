@@ -353,7 +353,7 @@ class KafkaStore(EventStore):
         self.topics = Topics.from_settings(settings)
         self.group_id = settings.projector_group
         self.projection_timeout = settings.projection_timeout
-        self.signer = settings.signer()
+        self.signer, self.signing_refused = settings.writer_key()
         #: the rule of signatures the projector applies, applied to the unprojected tail
         self.signatures = settings.signatures_policy()
         # the read model's store never appends: it has no use for the key

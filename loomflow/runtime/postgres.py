@@ -96,7 +96,7 @@ class PostgresStore(DatabaseStore):
         self._connect_timeout = resolved.connect_timeout
         self.auto_migrate = resolved.auto_migrate
         self.create = create
-        self.signer = resolved.signer()
+        self.signer, self.signing_refused = resolved.writer_key()
         self._pool: asyncpg.Pool | None = None
         #: the Kafka consumers that project into the schema, read before the first write
         #: of each connection (see ``_writable``)

@@ -84,7 +84,7 @@ class SqliteStore(DatabaseStore):
         if busy_timeout_ms is None:
             busy_timeout_ms = resolved.sqlite_busy_timeout_ms
         self._busy_timeout_ms = busy_timeout_ms
-        self.signer = resolved.signer()
+        self.signer, self.signing_refused = resolved.writer_key()
         self.create = create
         self._thread = SqliteThread(self._open, f"the SQLite store {self.path}")
         self._call = self._thread.call

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from loomflow.errors import ProjectionTimeoutError, SequenceConflictError
+from loomflow.errors import ProjectionTimeoutError, SequenceConflictError, SigningKeyError
 from loomflow.lifecycle import Resource
 from loomflow.runtime.cache import TranscriptCache
 from loomflow.schemas.clock import utcnow
@@ -62,14 +62,21 @@ class EventStore(Resource, ABC):
     #: the key this store signs the events it appends with (None: it signs nothing);
     #: read once from the store's settings (``LOOMFLOW_SIGNING_KEY[_FILE]``)
     signer: Signer | None = None
+    #: why the keyring (``LOOMFLOW_KEYRING``) does not let ``signer`` sign events now (a
+    #: retired key, one not in it, one of another role): every signing raises it, before
+    #: anything is written, as every reader of the log would refuse what it signed
+    signing_refused: str | None = None
 
     def sign(self, event: E) -> E:
         """The event as this store appends it: signed with its key, unless it carries a
         signature already (an event re-appended as it was: a rebuild, a copy from
         another log), or the store has no key. Ed25519 is deterministic, so an event
-        signed again is the same bytes."""
+        signed again is the same bytes. SigningKeyError when the key may not sign
+        (``signing_refused``)."""
         if self.signer is None or event.sig is not None:
             return event
+        if self.signing_refused is not None:
+            raise SigningKeyError(self.signing_refused)
         return self.signer.sign_event(event)
 
     async def append(self, events: Sequence[Event]) -> None:

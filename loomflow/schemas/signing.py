@@ -343,6 +343,18 @@ class Keyring:
             raise SigningKeyError(f"{key_id} was retired at {key.retired_at.isoformat()}")
         return Keyring({**self.keys, key_id: replace(key, retired_at=at or utcnow())})
 
+    def refusal(self, key_id: str, role: Role, at: datetime) -> str | None:
+        """Why what key ``key_id`` signs at ``at`` for ``role`` is refused by a reader
+        with this keyring (None: it is not), the reason as ``problem`` gives it."""
+        key = self.keys.get(key_id)
+        if key is None:
+            return f"key {key_id} is not in the keyring"
+        if role not in key.roles:
+            return f"the keyring trusts key {key_id} to sign {' and '.join(key.roles)} only"
+        if key.retired_at is not None and at > key.retired_at:
+            return f"key {key_id} was retired at {key.retired_at.isoformat()}"
+        return None
+
     def problem(
         self, data: bytes, sig: Signature | None, at: datetime, what: str, role: Role
     ) -> str | None:

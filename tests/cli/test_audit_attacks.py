@@ -370,7 +370,15 @@ async def test_digests_through_a_pipe_and_what_is_wrong_with_a_place(
         "loomflow audit verify: the digest directory nowhere does not exist or is not a directory\n"
     )
 
-    # the audit's key is what signs a digest: without one, no digest and a clear refusal
+    # the audit's key is what signs a digest: given a writer's (still set in the shell
+    # after a rotation), or none, no digest and a clear refusal
+    environment["LOOMFLOW_SIGNING_KEY_FILE"] = str(tmp_path / "writer.key")
+    code, out, err = loomflow("audit", "digest", *db, "--digests", "digests")
+    assert code == 1 and not (tmp_path / "digests").exists(), (out, err)
+    assert (
+        "cannot sign digests: the keyring trusts key "
+        f"{writer.key_id} to sign events only (LOOMFLOW_KEYRING="
+    ) in err, err
     del environment["LOOMFLOW_SIGNING_KEY_FILE"]
     code, out, err = loomflow("audit", "digest", *db, "--digests", "digests")
     assert code == 1 and not (tmp_path / "digests").exists(), (out, err)

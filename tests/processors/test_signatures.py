@@ -24,8 +24,8 @@ from loomflow.errors import SignatureError
 from loomflow.models import ScriptedModel
 from loomflow.processors.projector import CheckPool, apply_records
 from loomflow.producers import EventProducer, scope_key
-from loomflow.runtime import KafkaRuntime, PostgresStore, Scope
-from loomflow.schemas import Event, TurnAppended, new_id
+from loomflow.runtime import PostgresStore, Scope
+from loomflow.schemas import Event, TurnAppended
 from loomflow.schemas.events import EventBase, TurnAppendedPayload
 from loomflow.schemas.sessions import SessionRecord
 from loomflow.schemas.signing import Keyring, Signatures, Signer
@@ -268,36 +268,6 @@ async def test_signatures_checked_over_threads_refuse_what_one_thread_refuses() 
     assert applied == 9 and "does not match its signature" in reasons[0]
     assert f"seq {forged.seq}" in reasons[0]
     assert pooled == alone
-
-
-async def test_a_claim_the_projector_refuses_for_its_signature_waits_for_that_verdict(
-    tmp_path: Path,
-) -> None:
-    """A runtime that requires WRITER's signature but signs with another key (a rotated
-    key not yet in the keyring): its claim lands right at the end of a partition the
-    projector had applied, which would confirm it without the projector, but the rule of
-    signatures refuses it there too, so it waits for the projector's verdict and raises
-    it, before any model call."""
-    keyring = tmp_path / "keyring.json"
-    Keyring.of(WRITER.trusted()).save(keyring)
-    async with _env(signing_key=SecretStr(WRITER.pem().decode())) as env:
-        await env.start_projector()
-        scope = Scope("s1", "ada")
-        async with env.runtime() as runtime:
-            model = ScriptedModel(["ok"])
-            agent = Agent("Pay.", model=model, runtime=runtime, tuning=Tuning(checkpoint=True))
-            await agent.run("Pay invoice 7.", session_id="s1", user_id="ada")
-        other = env.settings.model_copy(
-            update={
-                "signing_key": SecretStr(Signer.generate().pem().decode()),
-                "keyring": keyring,
-            }
-        )
-        async with KafkaRuntime(settings=other) as rotated:
-            with pytest.raises(SignatureError):
-                await rotated.open_session(scope, run_id=new_id("run"))
-        ((_, error_type, _),) = await _dead_letters(env)
-        assert error_type == "SignatureError"
 
 
 async def test_a_claim_signed_with_a_key_the_rule_refuses_waits_for_the_projector() -> None:
