@@ -623,9 +623,8 @@ def render_report(
             ).replace("<div>", '<div class="chart">', 1)
         )
     parts += [_tools(total), _slowest(stats, read_model)]
-    if stats.skipped:
-        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(stats.skipped.items()))
-        parts.append(f"<p class='meta'>records not counted: {html.escape(skipped)}</p>")
+    if stats.not_counted is not None:
+        parts.append(f"<p class='meta'>{html.escape(stats.not_counted)}</p>")
     if read_model is not None:
         parts.append(_transcripts(read_model))
     parts.append("</body></html>")

@@ -576,6 +576,26 @@ class Stats:
     skipped: Mapping[str, int] = field(default_factory=dict)
     source: str = ""
 
+    @property
+    def not_counted(self) -> str | None:
+        """The line that says which records did not count, by kind (None: all did).
+
+        ``unverified`` depends on the reader, not on the record: it is what the signature
+        settings in force when the records were counted refused (a keyring left set from
+        another task, say), and the tables never count a position twice. The line says
+        so, and how to count under other settings."""
+        if not self.skipped:
+            return None
+        kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(self.skipped.items()))
+        line = f"records not counted: {kinds}"
+        if self.skipped.get("unverified"):
+            line += (
+                " (unverified: refused by the signature settings they were counted under, "
+                "LOOMFLOW_KEYRING and LOOMFLOW_SIGNATURES; to count them under other "
+                "settings, count into new tables: --stats-db NEW with --db)"
+            )
+        return line
+
     def since(self, when: datetime | None) -> Stats:
         """Only the hours from the one ``when`` falls in, and the sessions active since
         that hour began (see :func:`since_text`)."""

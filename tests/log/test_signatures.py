@@ -143,6 +143,10 @@ async def test_stats_count_what_the_rule_refuses_or_marks(tmp_path: Path) -> Non
     assert (required.counted, required.skipped, required.unverified) == (1, 3, 0)
     stats = embedded.load(tmp_path / "required.db")
     assert stats.skipped == {"unverified": 3}
+    # what a reader's settings refused, not the records: the line says how to count again
+    assert stats.not_counted is not None
+    assert stats.not_counted.startswith("records not counted: 3 unverified (unverified: ")
+    assert "LOOMFLOW_KEYRING" in stats.not_counted and "--stats-db NEW" in stats.not_counted
 
 
 def test_tail_shows_a_refused_event_as_invalid_and_a_checked_one_marked(
