@@ -325,6 +325,14 @@ class AnthropicModel:
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
             # the SDK's own HTTP client, but for its TLS context: the process's (see _tls)
+            if self._api_key is None and not (
+                os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
+            ):
+                # where the SDK looks; its own word for it is a TypeError from its request
+                raise ModelError(
+                    f"Anthropic model {self.name!r} has no API key: set ANTHROPIC_API_KEY "
+                    "(or ANTHROPIC_AUTH_TOKEN), or pass api_key= or client="
+                )
             kwargs["http_client"] = anthropic.DefaultAsyncHttpxClient(verify=_tls())
             self._client = anthropic.AsyncAnthropic(**kwargs)
         return self._client

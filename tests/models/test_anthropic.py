@@ -366,6 +366,19 @@ async def test_env_vars_are_honoured_when_no_args_given(
     assert "anthropic-version" in server.headers[0]
 
 
+async def test_no_api_key_anywhere_is_a_model_error_that_says_which_to_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    model = AnthropicModel()
+    with pytest.raises(ModelError, match="has no API key: set ANTHROPIC_API_KEY"):
+        await model.complete([Message.user("hi")], [])
+    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "token")  # the SDK's other way in
+    assert model.client.auth_token == "token"
+    await model.aclose()
+
+
 def _system_bundle_copied_to(path: Path) -> Path:
     import certifi  # httpx's, a dependency of the tests
 
