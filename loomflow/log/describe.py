@@ -66,9 +66,10 @@ def describe(event: Event) -> str:
         case SignalSent(payload=p):
             return f"{p.name}: {_short(orjson.dumps(p.data).decode())}"
         case RunFinished(payload=p):
+            # the session's totals as the run left them, not the run's own
             turns = "1 turn" if p.turns == 1 else f"{p.turns} turns"
             return (
-                f"{p.stop_reason} after {turns}, {p.usage.total_tokens} tokens, "
+                f"{p.stop_reason}; session totals {turns}, {p.usage.total_tokens} tokens, "
                 f"${p.usage.cost_usd:.4f}: "
                 + (_short(p.output) if p.output is not None else "its answer is the last above")
             )

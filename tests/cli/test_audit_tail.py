@@ -15,7 +15,7 @@ import pytest
 
 from loomflow.cli import main
 from loomflow.log.describe import describe
-from loomflow.runtime import SqliteRuntime
+from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import RunCancelled, RunStarted
 from loomflow.schemas.events import RunCancelledPayload, RunStartedPayload
 from tests.support.scenario import Research
@@ -201,6 +201,23 @@ def test_tail_says_why_a_run_was_cancelled() -> None:
     said = RunCancelled(payload=RunCancelledPayload(reason="paid by hand"), **common)
     assert describe(said) == "paid by hand"
     assert describe(RunCancelled(**common)) == "no reason given"
+
+
+async def test_tail_says_a_runs_end_carries_the_sessions_totals(tmp_path: Path) -> None:
+    from loomflow import Agent
+    from loomflow.models import ScriptedModel
+
+    runtime = SqliteRuntime(tmp_path / "journal.db")
+    try:
+        agent = Agent("x", model=ScriptedModel(lambda messages: "ok"), runtime=runtime)
+        for _ in range(2):  # the second run's end counts the first run's turn too
+            await agent.run("go", session_id="s1")
+        events = await runtime.store.read_events(Scope("s1"))
+    finally:
+        await runtime.close()
+    first, second = (e for e in events if e.type == "run.finished")
+    assert describe(first).startswith("completed; session totals 1 turn, ")
+    assert describe(second).startswith("completed; session totals 2 turns, ")
 
 
 def test_tail_shows_several_partitions_by_time_each_in_its_own_order() -> None:

@@ -203,7 +203,7 @@ async def test_tail_prints_events_appended_while_it_runs(env: KafkaEnv) -> None:
         tail.wait(timeout=30)
     assert tail.returncode == 0
     assert "  live  -  #1  run.started  run" in lines[0], lines
-    assert "run.finished" in lines[1] and "completed after" in lines[1], lines
+    assert "run.finished" in lines[1] and "completed; session totals" in lines[1], lines
 
 
 async def test_tail_no_follow_prints_the_topic_to_its_end_and_exits(env: KafkaEnv) -> None:
