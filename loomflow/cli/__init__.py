@@ -120,6 +120,24 @@ def _installed_from() -> Path | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
+    from loomflow.cli.render import quiet_stdout, stdout_gone
+
+    try:
+        try:
+            return _run(argv)
+        finally:
+            # flushed here, where a closed pipe can still be caught, not at exit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        if not stdout_gone():  # a socket of the command's own, say: a real error
+            raise
+        # the reader of stdout went away (`| head` has its lines): not an error
+        quiet_stdout()
+        return 0
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """Parse ``argv`` and run its command's handler."""
     args = _parser().parse_args(argv)
     try:
         return int(args.handler(args))

@@ -212,9 +212,8 @@ def _print_tables(stats: Stats, by: str, period: str, *, wide: bool) -> None:
         )
         out.print()
         out.print(tools)
-    if stats.skipped:
-        skipped = ", ".join(f"{n} {kind}" for kind, n in sorted(stats.skipped.items()))
-        out.print(f"records not counted: {skipped}", soft_wrap=True)
+    if stats.not_counted is not None:
+        out.print(stats.not_counted, soft_wrap=True)
 
 
 def _label(label: str, by: str) -> str | Cell:

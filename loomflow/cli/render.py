@@ -13,12 +13,14 @@ rich loads in the functions that draw, so ``loomflow --help`` needs none of it.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from loomflow.control.status import status
@@ -41,15 +43,18 @@ __all__ = [
     "checkpoints_table",
     "compact_time",
     "console",
+    "console_type",
     "cost",
     "count",
     "iso",
     "middle",
     "output_width",
     "print_json",
+    "quiet_stdout",
     "session_head",
     "session_json",
     "sessions_table",
+    "stdout_gone",
     "timestamp",
     "tokens",
     "transcript",
@@ -81,15 +86,54 @@ def console(*, wide: bool = False, soft_wrap: bool = False, stderr: bool = False
     """The console of the commands: the width of ``output_width``, or rows whole on one
     line (``--wide``; piped or captured with no ``COLUMNS``); on stderr when stdout is
     the command's data."""
-    from rich.console import Console
-
     width = output_width(wide)
-    return Console(
+    return console_type()(
         highlight=False,
         width=WHOLE if width is None else width,
         soft_wrap=soft_wrap,
         stderr=stderr,
     )
+
+
+@cache
+def console_type() -> type[Console]:
+    """rich's Console, but a reader of stdout that goes away raises BrokenPipeError, for
+    ``loomflow.cli.main`` to end quietly with 0 as for any other write: rich's own
+    handling exits 1, which scripts read as "not found or failed"."""
+    from rich.console import Console
+
+    class PipeConsole(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError(errno.EPIPE, "the reader of stdout is gone")
+
+    return PipeConsole
+
+
+def stdout_gone() -> bool:
+    """Whether stdout is a pipe (or a socket) whose reader has gone: ``| head`` took its
+    lines. A file or a terminal is never gone."""
+    import select
+    import stat
+
+    try:
+        fd = sys.stdout.fileno()
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+            return False
+        poll = select.poll()
+    except (AttributeError, OSError, ValueError):  # no fileno, or no poll (Windows)
+        return False
+    poll.register(fd, 0)  # a closed pipe's error is reported whatever is asked
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+
+
+def quiet_stdout() -> None:
+    """Send what is left of stdout nowhere: its reader is gone, and the interpreter's
+    flush at exit would raise BrokenPipeError once more (Python's advice, in the docs of
+    ``signal``: "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def print_json(data: Any) -> None:
@@ -361,7 +405,10 @@ def session_head(row: SessionRecord) -> Table:
     head.add_column(style="bold", no_wrap=True)
     head.add_column()
     head.add_row("session", Text(f"{row.session_id} ({who(row.user_id)})"))
-    head.add_row("status", f"{status(row)}, {row.turns} turns, {row.message_count} messages")
+    head.add_row(
+        "status",
+        f"{status(row)}, {count(row.turns, 'turn')}, {count(row.message_count, 'message')}",
+    )
     if row.agent is not None:
         head.add_row("agent", Text(row.agent))
     if row.status in ("waiting", "signalled") and row.waiting is not None:
@@ -416,7 +463,8 @@ def transcript(messages: Sequence[Message]) -> Table:
     for message in messages:
         role = message.role.value
         if message.thinking:
-            grid.add_row(role, Text(f"(reasoning: {len(message.thinking)} blocks)", style="dim"))
+            blocks = count(len(message.thinking), "block")
+            grid.add_row(role, Text(f"(reasoning: {blocks})", style="dim"))
             role = ""
         if message.tool_call_id is not None:
             name = names.get(message.tool_call_id, message.tool_call_id)

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from loomflow.cli.options import add_loglevel, run_faust_worker
+from loomflow.cli.render import console_type, count
 from loomflow.control.source import read_settings
 
 if TYPE_CHECKING:
@@ -93,7 +94,6 @@ async def _ready_to_project(settings: Settings) -> None:
 def _rebuild(args: argparse.Namespace) -> int:
     import asyncio
 
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from loomflow.errors import LoomflowError
@@ -103,7 +103,7 @@ def _rebuild(args: argparse.Namespace) -> int:
     settings = read_settings()
     if settings is None:
         return 2
-    console = Console()
+    console = console_type()()
     with Progress(
         "[progress.description]{task.description}",
         BarColumn(),
@@ -124,7 +124,7 @@ def _rebuild(args: argparse.Namespace) -> int:
             console.print(f"[red]rebuild failed:[/red] {exc}")
             return 1
     console.print(
-        f"rebuilt {schema}: {result.records} records, {result.applied} applied, "
+        f"rebuilt {schema}: {count(result.records, 'record')}, {result.applied} applied, "
         f"{result.dead_lettered} dead-lettered"
     )
     return 0

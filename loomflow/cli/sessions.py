@@ -44,7 +44,7 @@ from loomflow.cli.render import (
     who,
 )
 from loomflow.control import verbs
-from loomflow.control.refused import Refused
+from loomflow.control.refused import Missing, Refused
 from loomflow.control.source import Access, Source, quiet_kafka
 from loomflow.control.status import STATUSES
 
@@ -261,7 +261,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         required=True,
         type=id_of("checkpoint id"),
         metavar="CKPT",
-        help="the checkpoint to start from (see `loomflow checkpoints ls SESSION`)",
+        help="the checkpoint to start from (`loomflow checkpoints ls SESSION`, with the "
+        "same --db and --user, lists them)",
     )
     fork.add_argument(
         "--as",
@@ -441,6 +442,23 @@ def _store(runtime: Runtime) -> DatabaseStore:
     return store
 
 
+def _command(args: argparse.Namespace, *words: str) -> str:
+    """``loomflow WORDS`` with the store and user options of ``args``, to run as a hint
+    says; a --dsn is named, not shown (its URL may hold a password)."""
+    import shlex
+
+    line = ["loomflow", *words]
+    if args.db is not None:
+        line += ["--db", str(args.db)]
+    elif args.dsn is not None:
+        line += ["--dsn", "URL"]
+    if args.schema is not None:
+        line += ["--schema", args.schema]
+    if args.user is not None:
+        line += ["--user", args.user]
+    return shlex.join(line)
+
+
 def _whose(args: argparse.Namespace) -> Any:
     """The user_id a listing or prune is scoped to: ANY_USER, a user, or None."""
     from loomflow.runtime import ANY_USER
@@ -557,7 +575,7 @@ async def _show_session(args: argparse.Namespace, runtime: Runtime, out: Console
 
     out.print(session_head(row))
     out.print()
-    out.print(Text(f"transcript ({len(messages)} messages)", style="bold"))
+    out.print(Text(f"transcript ({count(len(messages), 'message')})", style="bold"))
     out.print(transcript(messages))
     out.print()
     if checkpoints:
@@ -604,7 +622,16 @@ async def _fork(args: argparse.Namespace, runtime: Runtime, out: Console) -> int
     from loomflow.runtime import Scope
 
     scope = Scope(args.session, args.user)
-    child = await verbs.fork(runtime, scope, args.checkpoint, new_id=args.new_id)
+    await _session(runtime, args)  # a missing session is its own error, not the checkpoint's
+    try:
+        child = await verbs.fork(runtime, scope, args.checkpoint, new_id=args.new_id)
+    except Missing:
+        # the hint names this command's store and user: `checkpoints ls S` alone reads
+        # the sessions run without a user, in no store
+        listing = _command(args, "checkpoints", "ls", args.session)
+        raise Missing(
+            f"no checkpoint {args.checkpoint} for {scope.describe()}; list them with `{listing}`"
+        ) from None
     print(child)  # alone on stdout, for NEW=$(loomflow sessions fork ...)
     return 0
 

@@ -87,23 +87,13 @@ def _tail(args: argparse.Namespace) -> int:
     except LoomflowError as exc:
         print(f"loomflow tail: {exc}", file=sys.stderr)
         return 1
-    except BrokenPipeError:  # the reader went away (| head): not an error
-        _quiet_stdout()
-    return 0
-
-
-def _quiet_stdout() -> None:
-    """Send what is left of stdout nowhere: its reader is gone, and flushing it again
-    at exit would raise once more."""
-    import os
-
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    # a reader of stdout gone (| head) raises BrokenPipeError: main() ends quietly with 0
 
 
 async def _read(args: argparse.Namespace, source: Source) -> int:
     """Print the log's records that pass the filters: to its end (--no-follow), or as
     they come until Ctrl-C, or until the reader of stdout is gone."""
-    from loomflow.cli.render import output_width
+    from loomflow.cli.render import output_width, quiet_stdout, stdout_gone
     from loomflow.log.reader import drain
 
     wanted = _Filter(args.session, args.user, args.type)
@@ -141,28 +131,10 @@ async def _read(args: argparse.Namespace, source: Source) -> int:
         while not stop.is_set():
             batch = await reader.read(wait=0.5)
             show(batch)
-            if not batch and _stdout_gone():
-                _quiet_stdout()
+            if not batch and stdout_gone():
+                quiet_stdout()
                 break
     return 0
-
-
-def _stdout_gone() -> bool:
-    """Whether stdout is a pipe whose reader has gone (``| head`` took its lines), so a
-    follow that prints nothing more still ends, as ``tail -f`` does."""
-    import os
-    import select
-    import stat
-
-    try:
-        fd = sys.stdout.fileno()
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
-            return False
-        poll = select.poll()
-    except (AttributeError, OSError, ValueError):  # no fileno, or no poll (Windows)
-        return False
-    poll.register(fd, 0)  # a closed pipe's error is reported whatever is asked
-    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
 
 
 def _in_order(batch: list[LogRecord]) -> list[LogRecord]:

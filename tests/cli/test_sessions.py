@@ -540,7 +540,7 @@ def test_show_prints_the_error_a_failed_run_points_to_and_keeps_it_while_the_ses
         async with SqliteRuntime(db) as runtime:
             with pytest.raises(ModelError):
                 agent = lifecycle.researcher(replies=0, runtime=runtime)
-                await agent.run("Pay.", session_id="inv-7")
+                await agent.run("Pay invoice 7.", session_id="inv-7")
 
     asyncio.run(fail())
     store = ["inv-7", "--db", str(db)]
