@@ -44,7 +44,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     for module in modules:
         module.add_parser(commands)
+    _own_usage(parser)
     return parser
+
+
+def _own_usage(parser: argparse.ArgumentParser) -> None:
+    """Give every command's parser itself as ``usage_of``: an argument it does not know
+    is then reported with its usage (``loomflow sessions ls --usr ada``), not the top
+    level's, as argparse does for what only a subcommand could have taken."""
+    parser.set_defaults(usage_of=parser)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                _own_usage(command)
 
 
 #: the modules of the commands: each has ``NAMES`` (the commands it adds),
@@ -138,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(argv: Sequence[str] | None) -> int:
     """Parse ``argv`` and run its command's handler."""
-    args = _parser().parse_args(argv)
+    args, unknown = _parser().parse_known_args(argv)
+    if unknown:  # exits 2, with the usage of the command they were given to
+        args.usage_of.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.handler(args))
     except ModuleNotFoundError as exc:

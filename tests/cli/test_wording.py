@@ -49,3 +49,14 @@ def test_fork_from_a_missing_checkpoint_hints_a_listing_that_runs(cli: Cli, tmp_
     )
     listed = cli(*shlex.split(hinted)[1:], "--json")
     assert listed.code == 0 and listed.out.count("\n") == 1, listed
+
+
+def test_an_argument_a_command_does_not_know_is_reported_with_its_usage(
+    cli: Cli, tmp_path: Path
+) -> None:
+    ran = cli("sessions", "ls", "--usr", "ada", "--db", str(tmp_path / "journal.db"))
+    assert ran.code == 2 and not ran.out, ran
+    assert ran.err.startswith("usage: loomflow sessions ls "), ran.err
+    assert "loomflow sessions ls: error: unrecognized arguments: --usr ada" in ran.err
+    ran = cli("--usr")  # the top level's own: its usage, as before
+    assert ran.code == 2 and ran.err.startswith("usage: loomflow [-h]"), ran.err
