@@ -325,14 +325,6 @@ class AnthropicModel:
             if self._base_url is not None:
                 kwargs["base_url"] = self._base_url
             # the SDK's own HTTP client, but for its TLS context: the process's (see _tls)
-            if self._api_key is None and not (
-                os.environ.get("ANTHROPIC_API_KEY") or os.environ.get("ANTHROPIC_AUTH_TOKEN")
-            ):
-                # where the SDK looks; its own word for it is a TypeError from its request
-                raise ModelError(
-                    f"Anthropic model {self.name!r} has no API key: set ANTHROPIC_API_KEY "
-                    "(or ANTHROPIC_AUTH_TOKEN), or pass api_key= or client="
-                )
             kwargs["http_client"] = anthropic.DefaultAsyncHttpxClient(verify=_tls())
             self._client = anthropic.AsyncAnthropic(**kwargs)
         return self._client
@@ -382,6 +374,7 @@ class AnthropicModel:
 
         options = options or CallOptions()
         request, answer_tool = self._request(messages, tools, options)
+        unresolved = _unresolved()
         try:
             if options.on_delta is not None or request["max_tokens"] > _STREAM_ABOVE_MAX_TOKENS:
                 reply = await self._stream(request, options.on_delta)
@@ -392,6 +385,15 @@ class AnthropicModel:
         except httpx2.TransportError as exc:
             # A failed connection; the SDK of other versions lets one lost mid-stream out too.
             raise ModelError(_lost_while_streaming(self.name, exc)) from exc
+        except unresolved as exc:
+            # no credentials anywhere: the SDK says so with a TypeError from deep in its
+            # request (or, with a profile named but not there, its CredentialsError)
+            if isinstance(exc, TypeError) and "authentication method" not in str(exc):
+                raise
+            raise ModelError(
+                f"Anthropic model {self.name!r} has no credentials: set ANTHROPIC_API_KEY "
+                f"(or pass api_key= or client=). The SDK says: {exc}"
+            ) from exc
         return self._response(reply, answer_tool)
 
     # -- the request ------------------------------------------------------------------------
@@ -639,6 +641,18 @@ class AnthropicModel:
             usage=usage,
             stop_reason=stop_reason,
         )
+
+
+@functools.cache
+def _unresolved() -> tuple[type[Exception], ...]:
+    """What the SDK raises when it finds no credentials: a TypeError from deep in its
+    request, or, for a profile named but not there, CredentialsError (newer SDKs)."""
+    import anthropic
+
+    error = getattr(anthropic, "CredentialsError", None)
+    if isinstance(error, type) and issubclass(error, Exception):
+        return (TypeError, error)
+    return (TypeError,)
 
 
 def _reply(model: str, body: bytes) -> ApiMessage:

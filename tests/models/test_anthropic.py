@@ -369,13 +369,16 @@ async def test_env_vars_are_honoured_when_no_args_given(
 async def test_no_api_key_anywhere_is_a_model_error_that_says_which_to_set(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    model = AnthropicModel()
-    with pytest.raises(ModelError, match="has no API key: set ANTHROPIC_API_KEY"):
+    model = AnthropicModel()  # no key, and a profile directory with no profile in it
+    with pytest.raises(ModelError, match="has no credentials: set ANTHROPIC_API_KEY"):
         await model.complete([Message.user("hi")], [])
-    monkeypatch.setenv("ANTHROPIC_AUTH_TOKEN", "token")  # the SDK's other way in
-    assert model.client.auth_token == "token"
+    await model.aclose()
+    monkeypatch.delenv("ANTHROPIC_CONFIG_DIR")  # and none at all, as on a new machine
+    monkeypatch.setenv("HOME", "/nonexistent")
+    model = AnthropicModel()
+    with pytest.raises(ModelError, match="has no credentials: set ANTHROPIC_API_KEY") as no:
+        await model.complete([Message.user("hi")], [])
+    assert "authentication method" in str(no.value)  # the SDK's own words, after ours
     await model.aclose()
 
 
