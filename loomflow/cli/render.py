@@ -95,14 +95,19 @@ def console(*, wide: bool = False, soft_wrap: bool = False, stderr: bool = False
     )
 
 
-@cache
 def console_type() -> type[Console]:
     """rich's Console, but a reader of stdout that goes away raises BrokenPipeError, for
     ``loomflow.cli.main`` to end quietly with 0 as for any other write: rich's own
-    handling exits 1, which scripts read as "not found or failed"."""
+    handling exits 1, which scripts read as "not found or failed". Imported at each
+    call, so that a missing rich is named (ModuleNotFoundError) every time."""
     from rich.console import Console
 
-    class PipeConsole(Console):
+    return _pipe_console(Console)
+
+
+@cache
+def _pipe_console(base: type[Console]) -> type[Console]:
+    class PipeConsole(base):  # type: ignore[valid-type, misc]
         def on_broken_pipe(self) -> None:
             raise BrokenPipeError(errno.EPIPE, "the reader of stdout is gone")
 
