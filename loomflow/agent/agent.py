@@ -15,7 +15,14 @@ from pydantic import BaseModel
 
 from loomflow.agent.context import RunContext
 from loomflow.agent.hashes import TranscriptHashes
-from loomflow.agent.loop import Run, Take, unanswered_by
+from loomflow.agent.loop import (
+    Run,
+    Take,
+    ended_unfinished,
+    opening,
+    pending_calls,
+    prompt_text,
+)
 from loomflow.agent.options import (
     RUN_KEYWORDS,
     Hosted,
@@ -36,6 +43,7 @@ from loomflow.runtime import InProcRuntime, Runtime, Scope
 from loomflow.schemas import CheckpointMeta, RunOptions, RunResult, Usage, new_id, validate_id
 
 if TYPE_CHECKING:
+    from loomflow.schemas import Message
     from loomflow.schemas.sessions import SessionRecord
 
 __all__ = ["DEFAULT_AGENT_NAME", "Agent"]
@@ -189,15 +197,33 @@ class Agent:
             before[0] = row  # the session as the claim found it
             return dict(chosen[0].context.metadata), chosen[0].recorded()
 
+        run_id = new_id("run")
+
+        def prompted(row: SessionRecord | None, messages: list[Message]) -> list[Message] | None:
+            """The run's prompt as the run would record it, when nothing comes before it
+            (the end of a wait, pending tool calls): it goes with the claim."""
+            if (row is not None and row.waiting is not None) or pending_calls(messages):
+                return None
+            interrupted = row.last_run_id if row is not None and row.status == "running" else None
+            return opening(
+                messages,
+                interrupted,
+                ended_unfinished(row),
+                prompt_text(prompt, chosen[0], self.model),
+                self.instructions,
+                run_id,
+            )
+
         writer = await self.runtime.open_session(
             scope,
-            run_id=new_id("run"),
+            run_id=run_id,
             mode=mode,
             prepare=prepare,
             model=self.model.name,
             agent=self.name,
             claim_after=None if take is None else take.after_seq,
             worker=None if take is None else take.worker,
+            opening=None if continuing or take is not None else prompted,
         )
         restored = await self.runtime.claimed(writer)  # no second read of the session
         if mode == "resume" and restored.checkpoint_id is None:
@@ -209,7 +235,7 @@ class Agent:
             chosen[0],
             continuing=continuing,
             take=take,
-            previous=unanswered_by(before[0]),
+            unfinished=ended_unfinished(before[0]),
         )
         return await run.drive(prompt)
 

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -69,7 +69,15 @@ from loomflow.schemas.events import (
 if TYPE_CHECKING:
     from loomflow.schemas.sessions import SessionRecord, Waiting
 
-__all__ = ["Run", "RunHost", "Take", "unanswered_by"]
+__all__ = [
+    "Run",
+    "RunHost",
+    "Take",
+    "ended_unfinished",
+    "opening",
+    "pending_calls",
+    "prompt_text",
+]
 
 logger = logging.getLogger("loomflow.agent")
 
@@ -108,22 +116,65 @@ def _interrupted(exc: BaseException) -> bool:
     return isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit)
 
 
-#: how a run that ended without finishing ended, by the session's status right after it
-_ENDED_UNFINISHED = {
-    "failed": "failed",
-    "stuck": "failed and was parked",
-    "cancelled": "was cancelled",
-}
+#: the statuses a session's latest run leaves it in when it ended without finishing
+_UNFINISHED = frozenset({"failed", "stuck", "cancelled"})
 
 
-def unanswered_by(row: SessionRecord | None) -> tuple[str, str] | None:
-    """The session's latest run and how it ended, when it ended without finishing (it
-    failed, was parked or was cancelled), as ``row`` (the session before a claim) has
-    it: it may have left its prompt unanswered. None otherwise."""
-    if row is None or row.last_run_id is None:
-        return None
-    how = _ENDED_UNFINISHED.get(row.status)
-    return None if how is None else (row.last_run_id, how)
+def ended_unfinished(row: SessionRecord | None) -> bool:
+    """Whether the session's latest run, as ``row`` (the session before a claim) has
+    it, ended without finishing (it failed, was parked or was cancelled): it may have
+    left its prompt unanswered."""
+    return row is not None and row.status in _UNFINISHED
+
+
+def opening(
+    messages: Sequence[Message],
+    interrupted: str | None,
+    unfinished: bool,
+    text: str,
+    instructions: str,
+    run_id: str,
+) -> list[Message]:
+    """What run ``run_id`` records of its prompt ``text`` before its first model call,
+    the session's transcript being ``messages`` (see ``Run._open``): the instructions
+    first in a new session; nothing when ``text`` is the prompt that the run before left
+    unanswered (``interrupted``, that run's id, or one that ended ``unfinished``);
+    otherwise, after the prompt of an interrupted run, a note of it."""
+    opened: list[Message] = []
+    if not messages:
+        opened.append(Message.system(instructions))
+    elif (interrupted is not None or unfinished) and messages[-1].role is Role.USER:
+        if messages[-1].content == text:
+            return []
+        if interrupted is not None:
+            opened.append(
+                Message.assistant(
+                    f"[no answer: run {interrupted} was interrupted before it answered this; "
+                    f"run {run_id} took the session over with the next message]"
+                )
+            )
+    opened.append(Message.user(text))
+    return opened
+
+
+def pending_calls(messages: Sequence[Message]) -> list[ToolCall]:
+    """The tool calls of the transcript's last assistant message that have no result."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role is Role.ASSISTANT:
+            break
+    else:
+        return []
+    answered = {m.tool_call_id for m in messages[index + 1 :] if m.role is Role.TOOL}
+    return [call for call in messages[index].tool_calls if call.id not in answered]
+
+
+def prompt_text(prompt: str, options: ResolvedOptions, model: Model) -> str:
+    """The prompt, telling a model that takes no options the schema to answer in (one
+    that takes them gets it as ``CallOptions.output_schema``)."""
+    schema = options.output_schema
+    if schema is None or accepts_options(model):
+        return prompt
+    return answer.schema_note(prompt, schema)
 
 
 class _Released(BaseException):
@@ -143,7 +194,7 @@ class Run:
         *,
         continuing: bool = False,
         take: Take | None = None,
-        previous: tuple[str, str] | None = None,
+        unfinished: bool = False,
     ) -> None:
         self.agent = agent
         #: where the run this one continues stopped to wait for a signal (resume with no
@@ -154,13 +205,14 @@ class Run:
         self.ended_wait = None if continuing else waiting
         #: the run this one took the session from while it ran, when this one brings a
         #: prompt of its own (a continuation goes on with the interrupted run's work)
-        claim = writer.opened[-1] if writer.opened else None
-        interrupted = claim.payload.interrupted if isinstance(claim, RunStarted) else None
-        #: the run before this one when it may have left a prompt unanswered, and how it
-        #: ended (see ``unanswered_by``): this run's own prompt is not a second copy of it
-        self.unanswered = None
-        if not continuing:
-            self.unanswered = (interrupted, "was interrupted") if interrupted else previous
+        claim = next((e for e in writer.opened if isinstance(e, RunStarted)), None)
+        interrupted = claim.payload.interrupted if claim is not None else None
+        #: the claim wrote this run's prompt with it (see Runtime.open_session's opening)
+        self.opened_prompt = any(isinstance(e, TurnAppended) for e in writer.opened)
+        self.interrupted = None if continuing else interrupted
+        #: the run before this one ended without finishing (see ``ended_unfinished``): it
+        #: may have left its prompt unanswered, which this run's own is not a copy of
+        self.unfinished = unfinished and not continuing
         #: how a worker took the run over (None: a caller's run)
         self.take = take
         #: what this run's own model calls cost (a worker's budget counts them)
@@ -251,7 +303,7 @@ class Run:
             if self.answered:
                 if self.tuning.checkpoint:  # it was staged for the end that never came
                     await self._checkpoint()
-            elif self.waited is None:
+            elif self.waited is None and not self.opened_prompt:
                 await self._open(prompt)
             hook_iterations = 0
             while True:
@@ -311,26 +363,21 @@ class Run:
         When the run before this one recorded its prompt but never answered it (its
         process died, another resume took the session while it ran, or it failed, was
         parked or cancelled): the same prompt again (a program run again after a crash, or
-        after its API key was fixed) is that prompt, now answered, not a second copy;
-        another prompt follows a note of the unanswered one, so the model and a reader of
-        the transcript see what happened instead of two requests in a row.
+        after its API key was fixed) is that prompt, now answered, not a second copy.
+        Another prompt follows, after an interrupted run's, a note of the unanswered one,
+        so the model and a reader of the transcript see what happened instead of two
+        requests in a row (a failed run's error is in the log already).
         """
-        text = self._with_schema_note(prompt)
-        opening: list[Message] = []
-        if not self.messages:
-            opening.append(Message.system(self.agent.instructions))
-        elif self.unanswered is not None and self.messages[-1].role is Role.USER:
-            if self.messages[-1].content == text:
-                return
-            run, how = self.unanswered
-            opening.append(
-                Message.assistant(
-                    f"[no answer: run {run} {how} before it answered this; run "
-                    f"{self.writer.run_id} took the session over with the next message]"
-                )
-            )
-        opening.append(Message.user(text))
-        await self._append(opening, durable=False)
+        messages = opening(
+            self.messages,
+            self.interrupted,
+            self.unfinished,
+            self._with_schema_note(prompt),
+            self.agent.instructions,
+            self.writer.run_id,
+        )
+        if messages:
+            await self._append(messages, durable=False)
 
     async def _end_wait(self, waiting: Waiting) -> None:
         """A new prompt for a run that waits in a tool ends the wait: the tool call gets
@@ -464,16 +511,8 @@ class Run:
 
     async def _finish_pending_tools(self) -> None:
         """Run the tool calls of the last assistant message that have no result yet."""
-        for index in range(len(self.messages) - 1, -1, -1):
-            if self.messages[index].role is Role.ASSISTANT:
-                break
-        else:
-            return
-        calls = self.messages[index].tool_calls
-        answered = {m.tool_call_id for m in self.messages[index + 1 :] if m.role is Role.TOOL}
-        for call in calls:
-            if call.id not in answered:
-                await self._call_tool(call)
+        for call in pending_calls(self.messages):
+            await self._call_tool(call)
 
     async def _call_tool(self, call: ToolCall) -> None:
         self._next_step()
@@ -538,10 +577,7 @@ class Run:
     def _with_schema_note(self, prompt: str) -> str:
         """The prompt, telling a model that takes no options the schema to answer in
         (one that takes them gets it as ``CallOptions.output_schema``)."""
-        schema = self.options.output_schema
-        if schema is None or self._calls_with_options:
-            return prompt
-        return answer.schema_note(prompt, schema)
+        return prompt_text(prompt, self.options, self.agent.model)
 
     def _check_output(self, retries: int) -> Message | None:
         """Validate the final answer against the output schema. None when it holds (or

@@ -174,14 +174,16 @@ class Runtime(Resource):
         (None: it had none and replays the log)."""
         from loomflow.schemas.events import RunStarted
 
-        row, started = writer.claimed, writer.opened[-1]
-        if row is None or not isinstance(started, RunStarted):
+        row = writer.claimed
+        started = next((e for e in writer.opened if isinstance(e, RunStarted)), None)
+        if row is None or started is None:
             raise ValueError("claimed() takes the writer of a claim made by open_session()")
         # the claim was confirmed: the store holds every event of the session up to it
+        messages = writer.transcript
+        if messages is None:
+            messages = await self._transcript_of(writer.scope, row)
         return RestoredState(
-            messages=await self._transcript(
-                writer.scope, row.base_seq, row.last_seq, row.message_count
-            ),
+            messages=messages,
             turns=row.turns,
             usage=row.usage,
             seq=row.last_seq,
@@ -205,6 +207,8 @@ class Runtime(Resource):
         agent: str | None = None,
         claim_after: int | None = None,
         worker: str | None = None,
+        opening: Callable[[SessionRecord | None, list[Message]], list[Message] | None]
+        | None = None,
     ) -> SessionWriter:
         """Claim the session for one writer (a new epoch) and record that a run started
         (with the name of the ``model`` it calls and of the ``agent`` it belongs to, when
@@ -225,13 +229,25 @@ class Runtime(Resource):
         seq, so of several processes taking over the same run (workers) exactly one
         wins; the others get RunTakenError and write nothing.
 
+        ``opening``, given the session as the claim finds it and its transcript, makes the
+        messages a run's prompt opens with when they are known before the claim (None:
+        not known, the run records them itself): on a store that appends at once, they
+        go in the claim's own transaction, one write fewer a run. ``claimed`` then holds
+        them, and the transcript is not read again.
+
         ProjectionTimeoutError: the claim is in the log, but a log-first store (Kafka) did
         not hear its verdict in time. Unless a worker made it (a worker's take-over is
         taken over again later), the run is then parked after it (``stuck``, the error
         recorded), so that no worker continues a run its caller was told had failed.
         """
         from loomflow.projections.fold import fold
-        from loomflow.schemas.events import RunStarted, RunStartedPayload, SessionForked
+        from loomflow.schemas.events import (
+            RunStarted,
+            RunStartedPayload,
+            SessionForked,
+            TurnAppended,
+            TurnAppendedPayload,
+        )
 
         newest = mode == "resume" and from_checkpoint is None
         for attempt in range(8):
@@ -276,6 +292,16 @@ class Runtime(Resource):
             if fork is not None:
                 events.append(writer.make(SessionForked, fork))
             events.append(writer.make(RunStarted, started, offset=len(events)))
+            transcript = None
+            if opening is not None and not self._store.sends_ahead:
+                transcript = [] if row is None else await self._transcript_of(scope, row)
+                prompt = opening(row, transcript)
+                if prompt is None:
+                    transcript = None
+                elif prompt:
+                    payload = TurnAppendedPayload(messages=prompt)
+                    events.append(writer.make(TurnAppended, payload, offset=len(events)))
+                    transcript = [*transcript, *prompt]
             try:
                 await self._store.append(events)
                 # the one synchronous point of a run: the claim holds before it goes on
@@ -305,6 +331,7 @@ class Runtime(Resource):
             for event in events:  # the session as the claim left it, without reading it again
                 row, _ = fold(row, event)
             writer.claimed = row
+            writer.transcript = transcript
             return writer
         raise SequenceConflictError(
             f"could not claim {scope.describe()}: other writers keep appending to it"
@@ -588,6 +615,10 @@ class Runtime(Resource):
             cursor=ckpt.cursor,
             created_at=ckpt.created_at,
         )
+
+    async def _transcript_of(self, scope: Scope, row: SessionRecord) -> list[Message]:
+        """The transcript of ``scope`` as far as ``row``, its session, goes."""
+        return await self._transcript(scope, row.base_seq, row.last_seq, row.message_count)
 
     async def _transcript(
         self, scope: Scope, base_seq: int, upto_seq: int, expected: int

@@ -17,7 +17,7 @@ from loomflow.schemas.scope import Scope
 
 if TYPE_CHECKING:
     from loomflow.runtime.store import EventStore
-    from loomflow.schemas import Event, EventBase
+    from loomflow.schemas import Event, EventBase, Message
     from loomflow.schemas.options import Serializer
     from loomflow.schemas.sessions import SessionRecord
 
@@ -110,6 +110,9 @@ class SessionWriter:
         #: and the session as they left it
         self.opened: list[Event] = []
         self.claimed: SessionRecord | None = None
+        #: the session's transcript as the claim left it, when the claim had it (see
+        #: open_session's ``opening``); None: read it
+        self.transcript: list[Message] | None = None
         #: told of each batch once the log acknowledged it (a run's ``emit``)
         self.observer: Callable[[list[Event]], Awaitable[None]] | None = None
         # a run's loop and its heartbeat write through the same writer, one at a time

@@ -15,7 +15,7 @@ import pytest
 from loomflow import Agent, Message, SessionState, Tuning
 from loomflow.errors import InvalidIdError, StoreError
 from loomflow.models import AnthropicModel, ScriptedModel
-from loomflow.runtime import InProcRuntime, Scope, SqliteRuntime
+from loomflow.runtime import InProcRuntime, Runtime, Scope, SqliteRuntime
 from loomflow.schemas import RunFinished, RunStarted, TurnAppended
 
 
@@ -229,14 +229,8 @@ def look(q: str) -> str:
     return f"found {q}"
 
 
-@pytest.mark.parametrize("embedded", ["sqlite", "inproc"])
-async def test_a_final_answer_is_written_with_the_run_s_end_in_one_transaction(
-    tmp_path: Path, embedded: str
-) -> None:
-    """On the stores that commit each append (no sending ahead), a final answer nothing
-    acts on goes in the transaction of the checkpoint and the run's end: five writes a
-    pass, not six. With a stop hook it is written before the hook sees it."""
-    runtime = SqliteRuntime(tmp_path / "j.db") if embedded == "sqlite" else InProcRuntime()
+def _writes(runtime: Runtime) -> list[list[str]]:
+    """The types of the events of each append to ``runtime``'s store from now on."""
     writes: list[list[str]] = []
     append = runtime.store.append
 
@@ -245,23 +239,54 @@ async def test_a_final_answer_is_written_with_the_run_s_end_in_one_transaction(
         await append(events)
 
     runtime.store.append = counted  # type: ignore[method-assign]
+    return writes
+
+
+@pytest.mark.parametrize("embedded", ["sqlite", "inproc"])
+async def test_a_final_answer_is_written_with_the_run_s_end_in_one_transaction(
+    tmp_path: Path, embedded: str
+) -> None:
+    """On the stores that commit each append (no sending ahead), the prompt goes in the
+    claim's transaction, and a final answer nothing acts on in the transaction of the
+    checkpoint and the run's end: four writes a pass, not six, for a run of a new
+    session and for a resume. With a stop hook the answer is written before the hook
+    sees it."""
+    runtime = SqliteRuntime(tmp_path / "j.db") if embedded == "sqlite" else InProcRuntime()
+    writes = _writes(runtime)
 
     def agent(**tuning: Any) -> Agent:
-        model = ScriptedModel([ScriptedModel.tool_call("look", q="x"), "the answer"])
+        model = ScriptedModel(  # a prompt gets the tool call, the tool's result the answer
+            lambda m: (
+                ScriptedModel.tool_call("look", q="x")
+                if m[-1].role.value == "user"
+                else "the answer"
+            )
+        )
         tuned = Tuning(checkpoint=True, **tuning)
         return Agent("Answer.", model=model, runtime=runtime, tools=[look], tuning=tuned)
 
-    assert (await agent().run("Question?", session_id="s1")).output == "the answer"
     turn = ["turn.appended"]
-    assert writes == [
-        ["run.started"],
-        turn,  # the prompt
+    one_pass = [
+        ["run.started", *turn],  # the claim with the prompt, durable before the model call
         turn,  # the tool call, durable before the tool runs
         turn,  # the tool's result, durable before the model sees it
         [*turn, "checkpoint.written", "run.finished"],  # the answer with the end
     ]
+    assert (await agent().run("Question?", session_id="s1")).output == "the answer"
+    assert writes == one_pass
     state = await runtime.restore(Scope("s1"))
     assert state is not None and state.messages[-1].content == "the answer"
+    assert [m.content for m in state.messages[:2]] == ["Answer.", "Question?"]
+    writes.clear()
+    assert (await agent().resume("Again?", session_id="s1")).output == "the answer"
+    assert writes == one_pass
+    state = await runtime.restore(Scope("s1"))
+    assert state is not None and [m.content for m in state.messages[-4:]] == [
+        "Again?",
+        "",
+        "found x",
+        "the answer",
+    ]
 
     writes.clear()
     result = await agent(stop_hooks=[lambda s: None]).run("Again?", session_id="s2")
@@ -354,17 +379,20 @@ async def _left_in_flight(db: Path, session_id: str) -> None:
     assert tools == ["back"]  # the call the run recorded, made again: it has no result
 
 
-async def test_a_cancelled_run_is_left_for_a_resume_not_failed(tmp_path: Path) -> None:
+async def _cancelled_in_its_tool(db: Path, prompt: str) -> None:
+    """Run ``prompt`` in session s1 until its tool waits, then cancel its task (Ctrl-C)."""
     entered = asyncio.Event()
-    agent = _interruptible(
-        tmp_path / "journal.db", [ScriptedModel.tool_call("wait_here"), "done"], entered
-    )
-    run = asyncio.create_task(agent.run("go", session_id="s1"))
+    agent = _interruptible(db, [ScriptedModel.tool_call("wait_here"), "done"], entered)
+    run = asyncio.create_task(agent.run(prompt, session_id="s1"))
     await asyncio.wait_for(entered.wait(), 60)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
     await agent.aclose()
+
+
+async def test_a_cancelled_run_is_left_for_a_resume_not_failed(tmp_path: Path) -> None:
+    await _cancelled_in_its_tool(tmp_path / "journal.db", "go")
     await _left_in_flight(tmp_path / "journal.db", "s1")
 
 
@@ -467,6 +495,25 @@ async def test_a_run_again_after_one_that_left_its_prompt_unanswered_sends_it_on
     sent = [m.content for m in model.calls[-1] if m.role.value in ("user", "assistant")]
     if again == "the task":  # the same prompt: the one left unanswered, now answered
         assert sent == ["the task"]
-    else:  # another: it follows a note that the first was not answered, and why
+    elif ended == "was interrupted":  # another: after a note that the first got no answer
         assert sent[0::2] == ["the task", "another task"] and len(sent) == 3
         assert sent[1].startswith(f"[no answer: run {first} {ended} before it answered this")
+    else:  # another after a failure, whose error the log holds: it follows the first
+        assert sent == ["the task", "another task"]
+
+
+async def test_a_prompt_comes_after_the_tool_calls_a_run_left_unanswered(tmp_path: Path) -> None:
+    """A run interrupted in a tool call left it without a result: the next run with a
+    prompt runs it first, so that prompt does not go with the claim but after it."""
+    await _cancelled_in_its_tool(tmp_path / "journal.db", "First?")
+    again = _interruptible(tmp_path / "journal.db", [ScriptedModel.tool_call("wait_here"), "done"])
+    writes = _writes(again.runtime)
+    try:
+        assert (await again.run("Next?", session_id="s1")).output == "done"
+        state = await again.runtime.restore(Scope("s1"))
+    finally:
+        await again.aclose()
+    assert writes[:3] == [["run.started"], ["turn.appended"], ["turn.appended"]]
+    assert state is not None
+    tail = [(m.role.value, m.content) for m in state.messages[-3:]]
+    assert tail == [("tool", "back"), ("user", "Next?"), ("assistant", "done")]
