@@ -207,9 +207,9 @@ class Run:
         #: prompt of its own (a continuation goes on with the interrupted run's work)
         claim = next((e for e in writer.opened if isinstance(e, RunStarted)), None)
         interrupted = claim.payload.interrupted if claim is not None else None
+        self.interrupted = None if continuing else interrupted
         #: the claim wrote this run's prompt with it (see Runtime.open_session's opening)
         self.opened_prompt = any(isinstance(e, TurnAppended) for e in writer.opened)
-        self.interrupted = None if continuing else interrupted
         #: the run before this one ended without finishing (see ``ended_unfinished``): it
         #: may have left its prompt unanswered, which this run's own is not a copy of
         self.unfinished = unfinished and not continuing

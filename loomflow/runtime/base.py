@@ -232,8 +232,8 @@ class Runtime(Resource):
         ``opening``, given the session as the claim finds it and its transcript, makes the
         messages a run's prompt opens with when they are known before the claim (None:
         not known, the run records them itself): on a store that appends at once, they
-        go in the claim's own transaction, one write fewer a run. ``claimed`` then holds
-        them, and the transcript is not read again.
+        go in the claim's own transaction, one write fewer a run, and ``claimed`` does
+        not read the transcript again.
 
         ProjectionTimeoutError: the claim is in the log, but a log-first store (Kafka) did
         not hear its verdict in time. Unless a worker made it (a worker's take-over is
@@ -292,13 +292,11 @@ class Runtime(Resource):
             if fork is not None:
                 events.append(writer.make(SessionForked, fork))
             events.append(writer.make(RunStarted, started, offset=len(events)))
-            transcript = None
-            if opening is not None and not self._store.sends_ahead:
+            transcript = None  # as the claim leaves it, when read here (a claim adds none)
+            if opening is not None and fork is None and not self._store.sends_ahead:
                 transcript = [] if row is None else await self._transcript_of(scope, row)
                 prompt = opening(row, transcript)
-                if prompt is None:
-                    transcript = None
-                elif prompt:
+                if prompt:
                     payload = TurnAppendedPayload(messages=prompt)
                     events.append(writer.make(TurnAppended, payload, offset=len(events)))
                     transcript = [*transcript, *prompt]
