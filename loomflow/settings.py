@@ -302,26 +302,13 @@ class Settings(BaseSettings):
         retired) is refused here, as its readers would refuse everything it signs: a
         writer left with its retired key, or the audit given a writer's, would otherwise
         find out only when the log or the digests are checked."""
-        if self.signing_key_file is None and self.signing_key is None:
+        loaded = self._signing_key()
+        if loaded is None:
             return None
-        from loomflow.schemas.clock import utcnow
-        from loomflow.schemas.signing import Keyring, Signer  # and the event models: to sign
-
-        if self.signing_key_file is not None:
-            signer = Signer.from_file(self.signing_key_file)
-            where = f"LOOMFLOW_SIGNING_KEY_FILE={self.signing_key_file}"
-        else:
-            assert self.signing_key is not None
-            signer = Signer.from_text(self.signing_key.get_secret_value(), "LOOMFLOW_SIGNING_KEY")
-            where = "LOOMFLOW_SIGNING_KEY"
-        if role is not None and self.keyring is not None:
-            refusal = Keyring.load(self.keyring).refusal(signer.key_id, role, utcnow())
-            if refusal is not None:
-                raise SigningKeyError(
-                    f"{where} cannot sign {role}: {refusal} (LOOMFLOW_KEYRING="
-                    f"{self.keyring}), so its readers would refuse what it signs; set the "
-                    "key the keyring trusts for that"
-                )
+        signer, where = loaded
+        refusal = None if role is None else self._untrusted(signer, where, role)
+        if refusal is not None:
+            raise SigningKeyError(refusal)
         return signer
 
     def writer_key(self) -> tuple[Signer | None, str | None]:
@@ -330,12 +317,40 @@ class Settings(BaseSettings):
         or no keyring file). The store raises that reason at its first append, not when
         it is made: a process that only reads the log with a key of another role (the
         audit, which signs its digests) is not refused."""
-        signer = self.signer()
-        try:
-            self.signer("events")
-        except SigningKeyError as exc:
-            return signer, str(exc)
-        return signer, None
+        loaded = self._signing_key()
+        if loaded is None:
+            return None, None
+        signer, where = loaded
+        return signer, self._untrusted(signer, where, "events")
+
+    def _signing_key(self) -> tuple[Signer, str] | None:
+        """The signing key, and the setting it came from; None when none is set."""
+        if self.signing_key_file is None and self.signing_key is None:
+            return None
+        from loomflow.schemas.signing import Signer  # and the event models: only to sign
+
+        if self.signing_key_file is not None:
+            where = f"LOOMFLOW_SIGNING_KEY_FILE={self.signing_key_file}"
+            return Signer.from_file(self.signing_key_file), where
+        assert self.signing_key is not None
+        text = self.signing_key.get_secret_value()
+        return Signer.from_text(text, "LOOMFLOW_SIGNING_KEY"), "LOOMFLOW_SIGNING_KEY"
+
+    def _untrusted(self, signer: Signer, where: str, role: Role) -> str | None:
+        """Why the keyring file does not let ``signer`` (set by ``where``) sign ``role``
+        now; None when it does, or when no keyring file is set."""
+        if self.keyring is None:
+            return None
+        from loomflow.schemas.clock import utcnow
+        from loomflow.schemas.signing import Keyring
+
+        refusal = Keyring.load(self.keyring).refusal(signer.key_id, role, utcnow())
+        if refusal is None:
+            return None
+        return (
+            f"{where} cannot sign {role}: {refusal} (LOOMFLOW_KEYRING={self.keyring}), so its "
+            "readers would refuse what it signs; set the key the keyring trusts for that"
+        )
 
     def trusted_keys(self) -> Keyring | None:
         """The keys this process trusts: the keyring file's, else the signing key's own
