@@ -1,7 +1,7 @@
 """User-turn benchmark: the spec page's code end to end, one ``agent.resume()`` per user turn.
 
     .venv/bin/python -m bench.turn [--variants http,scripted] [--stores ...] [--turns 200]
-                                   [--reps 3] [--json out.json]
+                                   [--sessions 1] [--reps 3] [--json out.json]
 
 A session is what the spec page shows: one ``Agent(instructions, model=..., runtime=...,
 tuning=Tuning(checkpoint=True), tools=[search_docs])``, ``agent.run(prompt,
@@ -12,6 +12,11 @@ tool's result (400 characters), and the model's answer (600 characters); texts a
 arguments are the checkpoint workload's (``bench.workload.pass_content``), so every store
 and both implementations send the same bytes. A turn's figure is the wall time of that one
 ``run``/``resume`` call, as its caller waits for it.
+
+``--sessions N`` (scripted only) drives N such sessions at once on the one runtime, as a
+service serving N users does: their records interleave in the log (on lf-kafka, in the
+partitions' order too). Each span's figure is then over the turns of all N sessions, and
+the table adds their turns per second.
 
 Variants (the model):
 
@@ -446,30 +451,44 @@ async def _drive(session: Session) -> dict[str, Any]:
     return {"ms": ms, "problems": problems}
 
 
-async def _measure(store: str, variant: str, turns: int, server: str | None) -> dict[str, Any]:
+async def _measure(
+    store: str, variant: str, turns: int, server: str | None, sessions: int = 1
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="lf-bench-turn-") as tmp:
         async with _open_store(store, Path(tmp)) as opened:
-            runs: list[tuple[int, int]] = [(-1, WARMUP_TURNS), (0, turns)]
+            runs: list[tuple[int, int, int]] = [(-1, WARMUP_TURNS, 1), (0, turns, sessions)]
             result: dict[str, Any] = {}
-            for index, count in runs:
+            for index, count, many in runs:
                 token = _session_token(index)
                 if server is not None:
                     # read by the SDK when each implementation builds its client
                     os.environ["ANTHROPIC_BASE_URL"] = f"{server}/{token}"
                     os.environ.setdefault("ANTHROPIC_API_KEY", "bench-key")
-                session = opened.session(index, count, opened.runtime, variant)
+                group = [
+                    opened.session(index + k, count, opened.runtime, variant) for k in range(many)
+                ]
                 before = _cpu(opened)
+                started = time.perf_counter()
                 try:
-                    result = await _drive(session)
+                    driven = await asyncio.gather(*(_drive(session) for session in group))
                 finally:
-                    await session.close()
-                result.update(_cpu_per_turn(before, _cpu(opened), count))
+                    for session in group:
+                        await session.close()
+                wall = time.perf_counter() - started
+                result = {
+                    "per_session": [d["ms"] for d in driven],
+                    "problems": [p for d in driven for p in d["problems"]],
+                    "sessions": many,
+                    "turns_per_s": many * count / wall,
+                }
+                result.update(_cpu_per_turn(before, _cpu(opened), many * count))
                 if server is not None:
                     stats = await asyncio.to_thread(_server_stats, server, token)
                     result.update(_request_facts(stats, count, result["problems"]))
                 if index < 0 and result["problems"]:
                     raise RuntimeError(f"warm-up session failed: {result['problems'][0]}")
-            return {**_windows(result["ms"]), **result, **opened.extra()}
+            per_session = result.pop("per_session")
+            return {**_windows(per_session), **result, "ms": per_session[0], **opened.extra()}
 
 
 def _cpu(opened: Store) -> dict[str, float | None]:
@@ -516,9 +535,14 @@ def _request_facts(stats: dict[str, Any], turns: int, problems: list[str]) -> di
     return {"request_bytes_10": turn_bytes(min(10, turns)), "request_bytes_last": turn_bytes(turns)}
 
 
-def _windows(ms: list[float]) -> dict[str, Any]:
-    n = len(ms)
-    spans = {"first": ms[:WINDOW], "second": ms[WINDOW : 2 * WINDOW], "last": ms[-WINDOW:]}
+def _windows(per_session: list[list[float]]) -> dict[str, Any]:
+    """p50 of each span's turns, the spans' turns of every session pooled."""
+    n = len(per_session[0])
+    spans: dict[str, list[float]] = {name: [] for name in WINDOWS}
+    for ms in per_session:
+        spans["first"] += ms[:WINDOW]
+        spans["second"] += ms[WINDOW : 2 * WINDOW]
+        spans["last"] += ms[-WINDOW:]
     p50 = {
         f"{name}_p50": percentile(values, 50) if values else None for name, values in spans.items()
     }
@@ -540,6 +564,7 @@ def child() -> None:
     parser.add_argument("--store", required=True, choices=ALL_STORES)
     parser.add_argument("--variant", required=True, choices=VARIANTS)
     parser.add_argument("--turns", type=int, required=True)
+    parser.add_argument("--sessions", type=int, default=1)
     parser.add_argument("--server")
     args = parser.parse_args()
     result: dict[str, Any] = {"store": args.store, "variant": args.variant}
@@ -550,7 +575,8 @@ def child() -> None:
             if Path(loomflow.__file__).resolve().parent == REPO / "loomflow":
                 raise RuntimeError("imported our loomflow, not PyPI's 0.20.0")
         server = args.server if args.variant == "http" else None
-        result.update(asyncio.run(_measure(args.store, args.variant, args.turns, server)))
+        measured = _measure(args.store, args.variant, args.turns, server, args.sessions)
+        result.update(asyncio.run(measured))
         result["ok"] = not result["problems"]
         result["problems"] = result["problems"][:3]
         result["versions"] = _versions() if args.store == PEER else {}
@@ -569,12 +595,15 @@ def _peer_requirements() -> dict[str, tuple[str, ...]]:
     return {PEER: ("loomflow==0.20.0", f"anthropic=={metadata.version('anthropic')}")}
 
 
-def run_child(store: str, variant: str, turns: int, server: str | None) -> dict[str, Any]:
+def run_child(
+    store: str, variant: str, turns: int, server: str | None, sessions: int = 1
+) -> dict[str, Any]:
     if store == PEER:
         cmd = [str(PEER_VENV / "bin" / "python"), str(REPO / "bench" / "turn.py")]
     else:
         cmd = [sys.executable, "-m", "bench.turn"]
     cmd += ["--child", "--store", store, "--variant", variant, "--turns", str(turns)]
+    cmd += ["--sessions", str(sessions)]
     if server is not None:
         cmd += ["--server", server]
     # the model server's address comes with --server, never from the caller's environment
@@ -621,7 +650,11 @@ def _kb(value: float) -> str:
 
 
 def report(
-    variant: str, stores: list[str], runs: dict[str, list[dict[str, Any]]], turns: int
+    variant: str,
+    stores: list[str],
+    runs: dict[str, list[dict[str, Any]]],
+    turns: int,
+    sessions: int = 1,
 ) -> str:
     last = f"{turns - WINDOW + 1}{DASH}{turns}"
     spans = (f"1{DASH}10", f"11{DASH}20", last)
@@ -634,12 +667,15 @@ def report(
     ]
     if variant == "http":
         header += ["request KB turn 10", f"request KB turn {turns}"]
+    if sessions > 1:
+        header.append("turns/s, all sessions")
     header += ["CPU ms a turn: agent / processor / PostgreSQL / Kafka", "ok"]
     title = {
         "http": "Claude through each one's Anthropic adapter, local Messages API over HTTP",
         "scripted": "scripted model, no HTTP",
     }[variant]
-    out = [f"## {variant}: {title}; {turns} user turns per session", ""]
+    at_once = f"; {sessions} sessions at once on one runtime" if sessions > 1 else ""
+    out = [f"## {variant}: {title}; {turns} user turns per session{at_once}", ""]
     out += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     peer = [r for r in runs.get(PEER, []) if "error" not in r]
     problems: list[str] = []
@@ -659,6 +695,8 @@ def report(
             )
         if variant == "http":
             cells += [_cell(fine, "request_bytes_10", _kb), _cell(fine, "request_bytes_last", _kb)]
+        if sessions > 1:
+            cells.append(_cell(fine, "turns_per_s", lambda v: f"{v:.0f}"))
         cells.append(" / ".join(_cpu_cell(fine, name) for name in CPU_PARTS))
         oks = sum(1 for r in fine if r["ok"])
         ok = "True" if oks == len(fine) else f"False ({oks}/{len(fine)})"
@@ -672,6 +710,12 @@ def report(
         f"span in one session, then the median (min{DASH}max) over repetitions. vs 0.20.0: "
         f"the store's median over lf020-sqlite's (< 1: ours is faster)."
     )
+    if sessions > 1:
+        out.append(
+            f"{sessions} sessions at once: each span's p50 is over the turns of every session "
+            "in it; turns/s = every session's turns over the wall time of all of them; CPU "
+            "ms a turn is over every session's turns."
+        )
     out.append(
         "CPU ms a turn: user+system CPU of the measured session over its turns, medians: "
         "this process (the agent), `loomflow processor` (lf-kafka), every PostgreSQL "
@@ -733,6 +777,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--stores", help="comma-separated; default: every configured store")
     parser.add_argument("--turns", type=int, default=DEFAULT_TURNS)
+    parser.add_argument(
+        "--sessions",
+        type=int,
+        default=1,
+        help="sessions driven at once on one runtime (scripted only; default 1)",
+    )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, help="write every run's raw results here")
     parser.add_argument(
@@ -753,13 +803,16 @@ def main() -> None:
             f"{', '.join(ALL_STORES)}), or --reps < 1, or --turns < {2 * WINDOW}, "
             "or --broker-warmup < 0"
         )
+    if args.sessions < 1 or (args.sessions > 1 and "http" in variants):
+        parser.error("--sessions takes a positive number, above 1 with --variants scripted")
     broken = ensure_peers(stores, _peer_requirements())
     started = time.perf_counter()
     warmed = warm_broker(args.broker_warmup) if "lf-kafka" in stores else None
     with _server_for(variants) as server:
 
         def run(store: str, variant: str) -> dict[str, Any]:
-            return run_child(store, variant, args.turns, server if variant == "http" else None)
+            served = server if variant == "http" else None
+            return run_child(store, variant, args.turns, served, args.sessions)
 
         results = schedule(args.reps, dict.fromkeys(variants, stores), run, broken, _status)
     versions = peer_versions(results)
@@ -774,7 +827,7 @@ def main() -> None:
         print(f"# lf-kafka: {warmed}")
     print(f"# each figure: median of {args.reps} fresh-process runs (min{DASH}max)\n")
     for variant in variants:
-        print(report(variant, stores, results[variant], args.turns) + "\n")
+        print(report(variant, stores, results[variant], args.turns, args.sessions) + "\n")
     if args.json:
         args.json.write_text(json.dumps({"reps": args.reps, "results": results}, indent=1))
 

@@ -243,3 +243,19 @@ def test_the_kafka_pass_is_measured_on_a_warmed_broker(monkeypatch: pytest.Monke
     monkeypatch.setattr(turn, "run_child", lambda *a: {"problems": ["turn 3: wrong"]})
     with pytest.raises(SystemExit, match="turn 3: wrong"):
         turn.warm_broker(1000)
+
+
+def test_sessions_at_once_are_judged_on_every_session_s_turns() -> None:
+    """bench.turn --sessions N: each span's p50 pools the turns of all N sessions (one
+    session's turns alone would hide what the others waited), and the table gives the
+    turns per second of all of them."""
+    fast = [1.0] * 30
+    slow = [5.0] * 30
+    windows = turn._windows([fast, slow, slow])
+    assert windows["second_p50"] == 5.0 and windows["turns"] == 30
+    assert turn._windows([fast])["second_p50"] == 1.0
+    run = {**windows, "ok": True, "turns_per_s": 412.4, "sessions": 3}
+    table = turn.report("scripted", ["lf-kafka"], {"lf-kafka": [run]}, 30, sessions=3)
+    assert "turns/s, all sessions" in table and "| 412 (412\u2013412) |" in table
+    assert "3 sessions at once on one runtime" in table
+    assert "turns/s" not in turn.report("scripted", ["lf-kafka"], {"lf-kafka": [run]}, 30)

@@ -9,9 +9,10 @@ Consistency, as a user meets it:
 - The claim of a session (the new epoch at the start of a run) is the one synchronous
   point: ``open_session`` returns once it is known to hold, so two writers never both
   think they own a session. Usually the log's order says so: a claim that Kafka put
-  right at the end of the partition as this store knew the session follows no other
-  record, so the projector's verdict on it is the one the fold gave (see
-  ``KafkaStore.confirm``). Otherwise ``open_session`` waits for the projector's verdict.
+  after the session as this store knew it, with no record of the session between (the
+  records of other sessions there are this store's own, or read to see whose they are),
+  gets from the projector the verdict the fold gave (see ``KafkaStore.confirm``).
+  Otherwise ``open_session`` waits for the projector's verdict.
   The process that ran a session last knows it without reading it, until the projector
   applies a record after its own (``KafkaStore.claim_head``).
 - A fenced writer learns it from the projector's notifications (a newer epoch applied,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +102,15 @@ _REFUSALS: dict[str, type[InvalidEventError]] = {
 
 #: sessions whose bookkeeping is kept before settled ones are dropped
 _MAX_WATCHED = 4096
+
+#: where this store's latest acknowledged records landed, kept to tell whose the records
+#: between a session's are without reading them (``KafkaStore._only_others``)
+_OWN_KEPT = 16_384
+
+#: the span of records between a session's, from the first to the last not this store's
+#: own, that a confirm reads to see that none is the session's; a longer one waits for
+#: the projector instead
+_GAP_READ_UP_TO = 64
 
 #: events that claim the session for a new writer: earlier refusals were for earlier runs
 #: (an erasure claims too, but nothing comes after it)
@@ -184,8 +195,9 @@ _UNKNOWN = "?"
 class _Known:
     """A session as the log has it below ``end`` in ``partition``: ``row`` is the fold of
     every record there, and ``latest`` the newest checkpoint's id (None: it has none;
-    ``_UNKNOWN``: not known). An event that Kafka puts at ``end`` comes after no record
-    the row does not hold, so the projector's verdict on it is the fold's on ``row``."""
+    ``_UNKNOWN``: not known). An event of the session that Kafka puts at ``end`` or
+    after, with no other record of the session before it, comes after no record the row
+    does not hold, so the projector's verdict on it is the fold's on ``row``."""
 
     partition: int
     end: int
@@ -236,8 +248,9 @@ class _Watch:
     #: transcript cache follows them
     landed: list[tuple[Event, int, int]] = field(default_factory=list)
     #: the session as the log has it below an offset of its partition, where this store
-    #: knows it whole: read by ``head`` from a read model that had applied the partition
-    #: to its end, then followed through this store's confirmed appends (None: unknown)
+    #: knows it whole: read by ``head`` from a read model that had applied every record
+    #: of the session below the partition's end, then followed through this store's
+    #: confirmed appends (None: unknown)
     known: _Known | None = None
     #: journal steps appended, with their partition and offset, until the projector has them
     steps: dict[str, tuple[int, int, StepRow]] = field(default_factory=dict)
@@ -371,6 +384,8 @@ class KafkaStore(EventStore):
         self._vouched = False
         self._consumer: AIOKafkaConsumer | None = None
         self._reader_lock = asyncio.Lock()
+        #: (partition, offset) -> the session of a record this store appended there
+        self._own: dict[tuple[int, int], Scope] = {}
         self._started = False
         self._start_lock = asyncio.Lock()
 
@@ -467,11 +482,24 @@ class KafkaStore(EventStore):
                 watch.listened = listener.generation if listener.connected else None
             watch.unconfirmed.add(event.event_id)  # its fate is unknown from here on
         try:
-            return list(events), await self._producer.enqueue(events)
+            futures = await self._producer.enqueue(events)
         except InvalidEventError:  # too large for the log: none of them was sent
             for event in events:
                 self._watch(scope_of(event)).unconfirmed.discard(event.event_id)
             raise
+        for event, future in zip(events, futures, strict=True):
+            future.add_done_callback(functools.partial(self._own_landed, scope_of(event)))
+        return list(events), futures
+
+    def _own_landed(self, scope: Scope, future: asyncio.Future[Any]) -> None:
+        """Note where Kafka put a record of ``scope`` this store sent (as it acknowledges
+        it, whichever session's confirm comes first)."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        metadata = future.result()
+        self._own[(metadata.partition, metadata.offset)] = scope
+        while len(self._own) > _OWN_KEPT:
+            del self._own[next(iter(self._own))]
 
     async def _settle(self, keys: set[Scope], *also: _Sending, quiet: bool = False) -> None:
         """Wait for the acknowledgement of what was sent for ``keys`` (and ``also``), in
@@ -583,12 +611,14 @@ class KafkaStore(EventStore):
         typed refusal of any of them.
 
         ``visible=False`` (a claim, a run's end) asks for the verdict alone: appends that
-        Kafka put right at the end of the partition as this store knows the session (read
-        by a ``head`` that found the partition applied to its end, then followed through
-        its confirmed appends) are not waited for (see ``_follows``): nothing came between
-        the projector's row and them, so the projector applies them as the fold just did.
-        That is the common case of a session resumed where it was left, in a partition no
-        one else wrote to meanwhile; a busy partition waits.
+        Kafka put after the session as this store knows it (read by a ``head`` whose
+        partition held no unapplied record of the session, then followed through its
+        confirmed appends), with no record of the session but theirs in between, are not
+        waited for (see ``_follows``): the projector applies them as the fold just did.
+        That is the common case of a session resumed where it was left, whatever other
+        sessions wrote to its partition meanwhile (with many sessions at once, the rule).
+        Another record of the session in between, or too many records of other
+        processes to read (``_GAP_READ_UP_TO``), waits.
 
         The refusals are heard on the LISTEN connection; the read model is asked for them
         (one round trip) only when that connection cannot have heard them all: it was
@@ -599,7 +629,7 @@ class KafkaStore(EventStore):
         if watch is None or not watch.unconfirmed:
             return
         known, watch.known = watch.known, None
-        after = None if known is None or visible else self._follows(watch, known)
+        after = None if known is None or visible else await self._follows(scope, watch, known)
         if after is not None:
             # what the projector will make of them is known: it applies them
             applied = [event for event, _, _ in watch.landed]
@@ -635,26 +665,71 @@ class KafkaStore(EventStore):
         # appended, so a model's work on its transcript carries on instead of starting over
         self._reads.follow(applied)
 
-    def _follows(self, watch: _Watch, known: _Known) -> _Known | None:
+    async def _follows(self, scope: Scope, watch: _Watch, known: _Known) -> _Known | None:
         """The session after the unconfirmed events when the projector's verdict on them
         is known without waiting for it (None: it is not): they are all acknowledged, in
-        the known partition at ``known.end``, ``end`` + 1, ... (no other record, of this
-        session or any, came between the known row and them), the projector applied an
-        event of this store's before (it runs, configured as this store is and trusting
-        its key: a store's first claim waits for it, and a timeout names the processor),
-        and the fold and the rule of signatures, which the projector applies to that same
-        row, accept each in turn. Anything else waits for the projector."""
+        the known partition at ``known.end`` or after it, no record of the session but
+        them came after ``known.end`` (the records between them are other sessions'; see
+        ``_only_others``), the projector applied an event of this store's before (it runs,
+        configured as this store is and trusting its key: a store's first claim waits for
+        it, and a timeout names the processor), and the fold and the rule of signatures,
+        which the projector applies to that same row, accept each in turn. Anything else
+        waits for the projector."""
         landed = watch.landed
         if not self._vouched or watch.refusal is not None or len(landed) != len(watch.unconfirmed):
             return None
-        for k, (event, partition, offset) in enumerate(landed):
-            if partition != known.partition or offset != known.end + k:
+        mine: set[int] = set()
+        for event, partition, offset in landed:
+            if partition != known.partition or offset < known.end:
                 return None
             try:
                 self.signatures.check(event)
             except InvalidEventError:
                 return None  # the projector refuses it: its verdict is awaited, and raised
+            mine.add(offset)
+        last = max(mine, default=known.end)
+        if last - known.end > _OWN_KEPT:
+            return None  # a session left long ago: whose records came since is not known
+        between = [o for o in range(known.end, last) if o not in mine]
+        if between and not await self._only_others(scope, known.partition, between):
+            return None
         return known.then(landed)  # None when the fold refuses one
+
+    async def _only_others(self, scope: Scope, partition: int, offsets: list[int]) -> bool:
+        """Whether none of the records at ``offsets`` of ``partition`` is of ``scope``.
+
+        A record this store appended for another session is known by where it landed;
+        the others are read, when they span no more than ``_GAP_READ_UP_TO`` records: a
+        few records of other processes' sessions in the same partition, read in one
+        fetch, where the projector's verdict takes a fetch, a transaction and a
+        notification, after whatever it has to apply first."""
+        unknown = []
+        for offset in offsets:
+            whose = self._own.get((partition, offset))
+            if whose == scope:
+                return False  # this store's, not among the events being confirmed
+            if whose is None:
+                unknown.append(offset)
+        if not unknown:
+            return True
+        if unknown[-1] - unknown[0] >= _GAP_READ_UP_TO:
+            return False
+        key = scope_key(scope.user_id, scope.session_id)
+        wanted = set(unknown)
+        records = await self._records(partition, unknown[0], unknown[-1] + 1)
+        return not any(r.offset in wanted and r.key == key for r in records)
+
+    def _others_own(self, scope: Scope, partition: int, offsets: range) -> bool:
+        """Whether this store appended every record at ``offsets``, none of them for
+        ``scope``: then none is the session's, and the log need not be read to know it."""
+        if len(offsets) > _OWN_KEPT:
+            return False
+        own = self._own
+        for offset in offsets:
+            whose = own.get((partition, offset))
+            if whose is None or whose == scope:
+                return False
+        return True
 
     async def _projected(self, wanted: dict[int, int]) -> None:
         """Wait until the projector's committed positions pass ``wanted``.
@@ -786,15 +861,15 @@ class KafkaStore(EventStore):
                 projected.exception()  # the end's failure is what the caller hears of
             raise
         row, latest, since = await projected
-        # the projector's own row, of every record of the partition below its end: what
-        # a claim made of this read needs to be confirmed without the projector
+        tail = await self.unprojected(scope, row.last_seq if row else 0, since, end=end)
+        # the projector's own row, of every record of the partition below its end when
+        # the records it has not applied are other sessions' (its transcript is in the
+        # read model): what a claim made of this read needs to be confirmed without it
         self._watch(scope).known = (
-            _Known(partition, end, row, latest if checkpoint else _UNKNOWN)
-            if since >= end
-            else None
+            None if tail else _Known(partition, end, row, latest if checkpoint else _UNKNOWN)
         )
         pruned = False
-        for event in await self.unprojected(scope, row.last_seq if row else 0, since, end=end):
+        for event in tail:
             try:
                 row, _ = fold(row, event)
             except InvalidEventError:
@@ -864,33 +939,38 @@ class KafkaStore(EventStore):
         await self.start()
         key = scope_key(scope.user_id, scope.session_id)
         partition = await self._partition_of(scope)
-        tp = TopicPartition(self.topics.events, partition)
-        committed = since
         if end is None:
             end = await self._end_of(partition)
-        if committed >= end:
+        if since >= end or self._others_own(scope, partition, range(since, end)):
             return []
         later: list[Event] = []
         taken: set[int] = set()
+        for record in await self._records(partition, since, end):
+            if record.key != key:
+                continue
+            try:
+                event = decode_event(record.value or b"")
+                self.signatures.check(event)  # a forgery is never replayed
+            except InvalidEventError:
+                continue  # dead-lettered by the projector; never part of it
+            if event.seq > after_seq and event.seq not in taken:
+                taken.add(event.seq)  # the first at a seq is what the fold keeps
+                later.append(event)
+        return sorted(later, key=lambda e: e.seq)
+
+    async def _records(self, partition: int, start: int, stop: int) -> list[Any]:
+        """The events topic's records of ``partition`` from offset ``start`` to ``stop``."""
+        tp = TopicPartition(self.topics.events, partition)
+        found: list[Any] = []
         async with self._reader_lock:  # one consumer, assigned to one partition at a time
             reader = await self._reader()
             try:
                 reader.assign([tp])
-                reader.seek(tp, committed)
+                reader.seek(tp, start)
                 reader.resume(tp)
-                while await reader.position(tp) < end:
+                while await reader.position(tp) < stop:
                     fetched = await reader.getmany(tp, timeout_ms=1000)
-                    for record in fetched.get(tp, []):
-                        if record.offset >= end or record.key != key:
-                            continue
-                        try:
-                            event = decode_event(record.value or b"")
-                            self.signatures.check(event)  # a forgery is never replayed
-                        except InvalidEventError:
-                            continue  # dead-lettered by the projector; never part of it
-                        if event.seq > after_seq and event.seq not in taken:
-                            taken.add(event.seq)  # the first at a seq is what the fold keeps
-                            later.append(event)
+                    found.extend(r for r in fetched.get(tp, []) if r.offset < stop)
             except KafkaError as exc:
                 raise kafka_error(
                     f"reading partition {partition} of {self.topics.events} failed", exc
@@ -900,7 +980,7 @@ class KafkaStore(EventStore):
                 # it (up to fetch_max_wait_ms, 500 ms), and an end_offsets() meanwhile made
                 # it do so every time
                 reader.pause(tp)
-        return sorted(later, key=lambda e: e.seq)
+        return found
 
     async def _reader(self) -> AIOKafkaConsumer:
         if self._consumer is None:

@@ -210,6 +210,9 @@ async def test_a_resume_never_folds_a_forged_tail_event_nor_shows_it_to_the_mode
             await eventually(claimed, what="the resume's claim on the topic")
             await env.start_projector()
             resumed = await asyncio.wait_for(resuming, 60)
+            # the resume need not wait for the projector (the forgery is not the session's
+            # to the fold, as to the projector): the projector's verdict comes when it does
+            await eventually(env.caught_up, what="the projector to apply the resumed run")
         assert resumed.stop_reason == "completed"
         assert len(seen) == 2 and all(FORGED not in m.content for call in seen for m in call)
         # the forgery alone was refused: the claim took the seq the genuine session gave it

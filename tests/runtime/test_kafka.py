@@ -25,7 +25,7 @@ from loomflow.errors import (
 )
 from loomflow.models import ScriptedModel
 from loomflow.processors import Projector
-from loomflow.producers import EventProducer
+from loomflow.producers import EventProducer, scope_key
 from loomflow.runtime import KafkaRuntime, RestoredState, Scope
 from loomflow.runtime.kafka import KafkaStore
 from loomflow.schemas import CheckpointWritten, RunStarted, TurnAppended, new_id
@@ -609,6 +609,128 @@ async def test_runs_return_without_the_projector_and_another_process_then_reads_
         await slow.stop()
         for opened in (runtime, other):
             await opened.close()
+
+
+def _chatty(runtime: KafkaRuntime, between: Any = None) -> Agent:
+    """An agent whose user turn is a call of ``look`` and an answer; ``between`` (a
+    coroutine function) runs at each model call, while the run is in flight."""
+
+    def reply(messages: Any) -> Any:
+        return ScriptedModel.tool_call("look", q="x") if messages[-1].role == "user" else "ok"
+
+    model = ScriptedModel(reply, on_call=(lambda _: between()) if between else None)
+    return Agent("Be brief.", model=model, runtime=runtime, tools=[look])
+
+
+def _reads_of_the_log(runtime: KafkaRuntime) -> list[tuple[int, int, int]]:
+    """Every read of the events topic ``runtime`` makes from here on: (partition, from, to)."""
+    seen: list[tuple[int, int, int]] = []
+    records = runtime.store._records
+
+    async def counted(partition: int, start: int, stop: int) -> list[Any]:
+        seen.append((partition, start, stop))
+        return await records(partition, start, stop)
+
+    runtime.store._records = counted  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.fixture
+async def env1() -> AsyncIterator[KafkaEnv]:
+    """One partition: every session's records interleave with every other's."""
+    made = await KafkaEnv.create(partitions=1)
+    yield made
+    await made.close()
+
+
+async def _run_once_then_stop_the_projector(env: KafkaEnv, *runtimes: KafkaRuntime) -> None:
+    projector = await env.start_projector()
+    for n, runtime in enumerate(runtimes):
+        await _chatty(runtime).run("Hi.", session_id=f"s{n + 1}")
+    await eventually(env.caught_up, what="the projector to apply the first runs")
+    for runtime in runtimes:
+        await runtime.store.synced()  # each has heard where the projector is
+    await env.stop_projector(projector)
+
+
+async def test_a_run_between_other_sessions_records_waits_for_the_projector_nowhere(
+    env1: KafkaEnv,
+) -> None:
+    """With many sessions, other sessions' records land between a run's own in their
+    partition (issue 25: each such run's end waited for the projector, and so did the
+    claim after it). Those records are read, once, to see that none is the session's:
+    with the projector stopped, the run returns, and its claim and end were confirmed
+    by where they landed."""
+    runtime = env1.runtime(projection_timeout=1.5)  # a wait for the projector fails it
+    await _run_once_then_stop_the_projector(env1, runtime)
+    producer = EventProducer(env1.bootstrap, env1.topics)
+
+    async def another_writes() -> None:  # another process's session, in the same partition
+        other = new_id("sess")
+        await producer.send([RunStarted(session_id=other, run_id=new_id("run"), seq=1, epoch=1)])
+
+    reads = _reads_of_the_log(runtime)
+    for _ in range(2):
+        result = await _chatty(runtime, another_writes).resume("Again.", session_id="s1")
+        assert result.output == "ok"
+    assert reads  # the records between the run's were read: not this store's own
+    await producer.stop()
+    await runtime.close()
+
+
+async def test_a_record_of_the_session_between_a_run_s_own_leaves_the_verdict_to_the_projector(
+    env1: KafkaEnv,
+) -> None:
+    """A record of the same session that this store did not write (another process's,
+    here one that does not even decode) may change what the projector makes of the
+    run's records: the run's end waits for its verdict (here: no projector, a timeout)."""
+    runtime = env1.runtime(projection_timeout=1.5)
+    await _run_once_then_stop_the_projector(env1, runtime)
+    producer = EventProducer(env1.bootstrap, env1.topics)
+    key = scope_key(None, "s1")
+
+    async def another_writes() -> None:
+        await producer.send_raw(env1.topics.events, b"not an event", key=key)
+
+    with pytest.raises(ProjectionTimeoutError):
+        await _chatty(runtime, another_writes).resume("Again.", session_id="s1")
+    await producer.stop()
+    await runtime.close()
+
+
+async def test_this_store_s_own_records_between_a_run_s_are_known_without_reading_them(
+    env1: KafkaEnv,
+) -> None:
+    """A process that runs many sessions at once (a service) interleaves its own records:
+    it knows where each landed, so a run's end reads nothing of the log for them."""
+    runtime = env1.runtime(projection_timeout=1.5)
+    await _run_once_then_stop_the_projector(env1, runtime, runtime)  # s1 and s2
+
+    async def another_session_runs() -> None:
+        await _chatty(runtime).resume("More.", session_id="s2")
+
+    reads = _reads_of_the_log(runtime)
+    result = await _chatty(runtime, another_session_runs).resume("Again.", session_id="s1")
+    assert result.output == "ok"
+    assert reads == []
+    await runtime.close()
+
+
+async def test_a_claim_read_behind_a_lagging_projector_needs_no_verdict_from_it(
+    env1: KafkaEnv,
+) -> None:
+    """A resume reads the session when the projector applied records past what its
+    process knew. When the projector lags behind the partition's end with records of
+    other sessions alone, the row it has is the session's as the log has it, and the
+    claim made of it is confirmed by where it lands, as when the projector is at the
+    end (the claim waited for it)."""
+    first, second = env1.runtime(projection_timeout=1.5), env1.runtime()
+    await _run_once_then_stop_the_projector(env1, first, second)
+    await _chatty(second).resume("More.", session_id="s2")  # past what the projector applied
+    result = await _chatty(first).resume("Again.", session_id="s1")
+    assert result.output == "ok"
+    for runtime in (first, second):
+        await runtime.close()
 
 
 async def test_prune_right_after_a_run_counts_the_whole_run(env: KafkaEnv) -> None:
