@@ -291,6 +291,11 @@ class Run:
     async def _drive_alive(self, prompt: str) -> RunResult:
         for event in self.writer.opened:
             await self._emit(event)
+        if self.ended_wait is not None and self._asked_again(prompt):
+            # the prompt of the run that waits, sent again (its program run again): not a
+            # new message, so the run goes on waiting for its signal instead of ending
+            # the wait, as a resume with no prompt does
+            self.waited, self.ended_wait = self.ended_wait, None
         retries = self.options.retries
         # a run that stopped in a stop hook to wait goes back into its stop hooks first
         # and one interrupted after its final answer goes on from there too
@@ -378,6 +383,12 @@ class Run:
         )
         if messages:
             await self._append(messages, durable=False)
+
+    def _asked_again(self, prompt: str) -> bool:
+        """Whether ``prompt`` is the last one the session was given."""
+        text = self._with_schema_note(prompt)
+        last = next((m for m in reversed(self.messages) if m.role is Role.USER), None)
+        return last is not None and last.content == text
 
     async def _end_wait(self, waiting: Waiting) -> None:
         """A new prompt for a run that waits in a tool ends the wait: the tool call gets

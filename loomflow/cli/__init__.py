@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
     for module in modules:
         module.add_parser(commands)
     _own_usage(parser)
+    parser.set_defaults(on_interrupt="")  # what a command adds to "interrupted" (Ctrl-C)
     return parser
 
 
@@ -155,6 +156,10 @@ def _run(argv: Sequence[str] | None) -> int:
         args.usage_of.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args.handler(args))
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, as for any other way a command ends early, not a traceback
+        print(f"loomflow {args.command}: interrupted{args.on_interrupt}", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as exc:
         # a module of an optional extra that is not installed: name the extra
         extra = missing_extra(exc.name)

@@ -56,7 +56,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_seconds,
         metavar="SECONDS",
         help="how long a batch is sent again while the endpoint does not take it, with "
-        "backoff (default: 30 with --no-follow, for ever with --follow)",
+        "backoff (default: 30 with --no-follow, for ever with --follow); each send may "
+        "itself take up to OTEL_EXPORTER_OTLP_TIMEOUT (10 s), as the exporter tries again",
     )
     otel.set_defaults(handler=_otel)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from loomflow.control.status import status
 
@@ -92,7 +92,30 @@ def console(*, wide: bool = False, soft_wrap: bool = False, stderr: bool = False
         width=WHOLE if width is None else width,
         soft_wrap=soft_wrap,
         stderr=stderr,
+        file=None if stderr or sys.stdout.isatty() else cast("IO[str]", _Trimmed(sys.stdout)),
     )
+
+
+class _Trimmed:
+    """Stdout for a program or a file rather than a person: each line without the spaces
+    at its end that rich pads a table's cells with (``| cat -A`` showed them). rich has
+    no setting for it; its console writes to any file-like object, so this is one."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self._spaces = ""  # held back until the line goes on: at its end, they go
+
+    def write(self, text: str) -> int:
+        whole = self._spaces + text
+        head, newline, tail = whole.rpartition("\n")
+        kept = tail.rstrip(" ")
+        self._spaces = tail[len(kept) :]
+        lines = "\n".join(line.rstrip(" ") for line in head.split("\n")) + newline
+        self._file.write((lines if newline else "") + kept)
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, encoding, isatty: the file's
+        return getattr(self._file, name)
 
 
 def console_type() -> type[Console]:

@@ -294,7 +294,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="TEXT",
         help="a new message to continue with (default: none)",
     )
-    resume.set_defaults(handler=_handler("sessions resume", _resume, writes=True))
+    resume.set_defaults(
+        handler=_handler("sessions resume", _resume, writes=True),
+        on_interrupt=(
+            ": the run is left as a crash leaves it; `loomflow sessions resume` again goes "
+            "on from there"
+        ),
+    )
 
     retry = verbs.add_parser(
         "retry",
@@ -390,6 +396,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         metavar="JSON",
         help="the payload, as JSON (default: null)",
+    )
+    send.add_argument(
+        "--later",
+        action="store_true",
+        help="send it even though the run waits for another signal now: it stays in the "
+        "inbox for a later wait of this name (without it, that is refused as a likely typo)",
     )
     send.set_defaults(handler=_handler("signal", _signal, writes=True))
 
@@ -639,7 +651,17 @@ async def _fork(args: argparse.Namespace, runtime: Runtime, out: Console) -> int
 async def _signal(args: argparse.Namespace, runtime: Runtime, out: Console) -> int:
     from loomflow.runtime import Scope
 
-    seq = await verbs.signal(runtime, Scope(args.session, args.user), args.name, args.payload)
+    scope = Scope(args.session, args.user)
+    row = None if args.later else await runtime.session(scope)
+    waiting = None if row is None or row.waiting is None else row.waiting.signal
+    if waiting is not None and waiting != args.name:
+        raise Refused(
+            f"{scope.describe()} waits for signal {waiting!r}, not {args.name!r}: nothing "
+            f"sent. Send {waiting!r}, or pass --later to send {args.name!r} for a later wait "
+            "of that name",
+            2,
+        )
+    seq = await verbs.signal(runtime, scope, args.name, args.payload)
     print(f"sent {args.name} to {args.session} (seq {seq})")
     return 0
 

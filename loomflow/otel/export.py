@@ -57,17 +57,16 @@ class Sink(Protocol):
 def endpoint() -> str:
     """The traces endpoint the OTLP variables name; ValueError for one that is no
     http(s) URL (the exporter would fail every request on it)."""
-    url = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or (
-        (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318").removesuffix("/")
-        + "/v1/traces"
-    )
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    traces = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+    base = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
+    given = traces or base  # checked as given: "http://" + "/v1/traces" would name a host
+    parts = urlsplit(given)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"OTLP endpoint {url!r} is not an http(s) URL: set OTEL_EXPORTER_OTLP_ENDPOINT "
-            "to e.g. http://localhost:4318"
+            f"OTLP endpoint {given!r} is not an http(s) URL with a host: set "
+            "OTEL_EXPORTER_OTLP_ENDPOINT to e.g. http://localhost:4318"
         )
-    return url
+    return traces or base.removesuffix("/") + "/v1/traces"
 
 
 #: what an OSError says in the text of the exception requests wraps it in

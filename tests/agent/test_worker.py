@@ -372,12 +372,17 @@ async def test_signals_go_only_to_runs_in_flight_and_end_with_them(tmp_path: Pat
     assert row is not None and row.inbox == ()
 
 
-async def test_a_new_prompt_ends_a_wait_in_a_tool(tmp_path: Path) -> None:
-    db = tmp_path / "journal.db"
-    runtime = SqliteRuntime(db)
+async def _waiting_for_approval(tmp_path: Path) -> tuple[SqliteRuntime, Agent, list[Any]]:
+    """A run of session "pay" that waits for "approve"; the signals its tool got."""
+    runtime = SqliteRuntime(tmp_path / "journal.db")
     seen: list[Any] = []
     agent = approval_agent(runtime, seen)
     assert (await agent.run("Pay invoice 7.", session_id="pay")).stop_reason == "waiting"
+    return runtime, agent, seen
+
+
+async def test_a_new_prompt_ends_a_wait_in_a_tool(tmp_path: Path) -> None:
+    runtime, agent, seen = await _waiting_for_approval(tmp_path)
     result = await agent.resume("Actually, cancel invoice 7.", session_id="pay")
     state = await runtime.restore(Scope("pay"))
     await runtime.close()
@@ -386,6 +391,25 @@ async def test_a_new_prompt_ends_a_wait_in_a_tool(tmp_path: Path) -> None:
     tool, prompt = state.messages[-3], state.messages[-2]
     assert tool.role.value == "tool" and tool.is_error and "ended without it" in tool.content
     assert prompt.content == "Actually, cancel invoice 7."
+
+
+async def test_the_waiting_run_s_own_prompt_again_does_not_end_its_wait(tmp_path: Path) -> None:
+    """The README's approval.py run a second time while its run waits sends the same
+    prompt: that is the prompt the run is answering, not a new message. The run goes on
+    waiting (a new user's trial saw the wait ended, the prompt twice in the transcript
+    and the invoice "settled" with no approval); the signal then approves it."""
+    runtime, agent, seen = await _waiting_for_approval(tmp_path)
+    again = await agent.run("Pay invoice 7.", session_id="pay")
+    assert again.stop_reason == "waiting" and again.waiting_for == "approve"
+    state = await runtime.restore(Scope("pay"))
+    assert state is not None and state.session is not None
+    assert [m.content for m in state.messages].count("Pay invoice 7.") == 1
+    assert not any(m.is_error for m in state.messages)
+    assert state.session.waiting is not None
+    await agent.signal("pay", "approve", {"ok": True})
+    result = await agent.resume(session_id="pay")
+    await runtime.close()
+    assert result.stop_reason == "completed" and seen == [{"ok": True}]
 
 
 def test_a_take_over_that_makes_progress_is_not_counted_as_a_failed_attempt() -> None:

@@ -37,6 +37,7 @@ from loomflow.schemas.signing import Keyring, Signer
 from tests.support import lifecycle
 from tests.support.cli import Cli, Ran
 from tests.support.services import postgres_dsn
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_ID = re.compile(r"sess[0-9a-z]{26}")
@@ -455,6 +456,38 @@ def test_cancel_keeps_workers_and_signals_off_a_run_until_resume_continues_it(
     assert output == "Paid." and lifecycle.APPROVALS == []  # the wait ended with the prompt
     row = _row(db, "inv-7", "ada")
     assert row is not None and row.status == "finished"
+
+
+def test_a_signal_the_waiting_run_does_not_wait_for_is_refused_unless_meant_for_later(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """`loomflow signal inv-7 aprove` while the run waits for "approve": a likely typo,
+    refused with the name it waits for, nothing sent (a new user's trial saw it recorded
+    with exit 0, the run waiting on). --later sends it for a later wait of that name."""
+    db = tmp_path / "journal.db"
+
+    async def wait() -> None:
+        async with SqliteRuntime(db) as runtime:
+            result = await lifecycle.payer(runtime).run("Pay.", session_id="inv-7")
+            assert result.stop_reason == "waiting"
+
+    asyncio.run(wait())
+    store = ["--db", str(db)]
+    before = _row(db, "inv-7", None)
+    ran = cli("signal", "inv-7", "aprove", "--json", '{"ok": true}', *store)
+    assert (ran.code, ran.out) == (2, ""), ran
+    assert ran.err.strip() == (
+        "loomflow signal: session inv-7 (no user) waits for signal 'approve', not 'aprove': "
+        "nothing sent. Send 'approve', or pass --later to send 'aprove' for a later wait of "
+        "that name"
+    )
+    assert _row(db, "inv-7", None) == before
+    ran = cli("signal", "inv-7", "aprove", "--later", *store)
+    assert ran.code == 0 and ran.out.startswith("sent aprove to inv-7"), ran
+    row = _row(db, "inv-7", None)
+    assert row is not None and [s.name for s in row.inbox] == ["aprove"]
+    ran = cli("signal", "inv-7", "approve", "--json", '{"ok": true}', *store)
+    assert ran.code == 0, ran
 
 
 def test_an_operator_with_a_signing_key_signs_the_cancel_and_the_erasure(
@@ -884,3 +917,56 @@ async def test_fork_and_prune_with_kafka_go_through_the_log(
         assert "ada-k" not in ran.out and made.ada in ran.out
     finally:
         await backend.close()
+
+
+def test_ctrl_c_in_a_resume_is_one_line_and_leaves_the_run_as_a_crash_would(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while `loomflow sessions resume` runs a tool: exit 130 and one line saying
+    what became of the run, not a traceback (a new user's trial got ~60 lines); the run
+    is left running, for a resume or a worker to take over, as after a crash."""
+    import signal
+
+    db, started = tmp_path / "journal.db", tmp_path / "started"
+
+    async def begin() -> None:  # a session whose first run finished
+        async with SqliteRuntime(db) as runtime:
+            await Agent("Hi.", model=ScriptedModel(["Hello."]), runtime=runtime).run(
+                "Hi.", session_id="s1"
+            )
+
+    asyncio.run(begin())
+    env = {**os.environ, "LOOMFLOW_TEST_STARTED": str(started), "PYTHONPATH": str(ROOT)}
+    command = [str(Path(sys.executable).parent / "loomflow"), "sessions", "resume", "s1"]
+    command += ["--db", str(db), "--agent", f"{LIFECYCLE}:hanging", "--prompt", "Look x up."]
+    with subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True) as process:
+        try:
+            asyncio.run(eventually(started.exists, within=60, what="the tool to start"))
+        finally:
+            process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (
+        "loomflow sessions: interrupted: the run is left as a crash leaves it; "
+        "`loomflow sessions resume` again goes on from there"
+    )
+    assert "Traceback" not in err
+    row = _row(db, "s1", None)
+    assert row is not None and row.status == "running"
+
+
+def test_what_a_pipe_reads_has_no_spaces_at_the_ends_of_lines(cli: Cli, tmp_path: Path) -> None:
+    """rich pads a table's cells to its columns' width; a program or a file reading the
+    output gets lines without those spaces at their ends (`| cat -A` showed them)."""
+    db = tmp_path / "journal.db"
+
+    async def wait() -> None:
+        async with SqliteRuntime(db) as runtime:
+            await lifecycle.payer(runtime).run("Pay invoice 7.", session_id="inv-7")
+
+    asyncio.run(wait())
+    for argv in (["sessions", "show", "inv-7"], ["sessions", "ls"]):
+        ran = cli(*argv, "--db", str(db))
+        assert ran.code == 0 and ran.out.count("\n") > 1, ran
+        assert [line for line in ran.out.splitlines() if line != line.rstrip(" ")] == [], argv
+    assert "waiting" in cli("sessions", "show", "inv-7", "--db", str(db)).out

@@ -100,3 +100,25 @@ async def park(db: Path, session_id: str = "oslo") -> None:
             await agent.take_over(
                 session_id, user_id=None, after_seq=row.last_seq, worker="w1", last_attempt=True
             )
+
+
+async def hang(topic: str) -> str:
+    """Look a topic up, for ever: the file LOOMFLOW_TEST_STARTED names says it started."""
+    import asyncio
+    import os
+
+    await asyncio.to_thread(Path(os.environ["LOOMFLOW_TEST_STARTED"]).write_text, topic)
+    await asyncio.Event().wait()
+    return topic
+
+
+def hanging(runtime: Runtime | None = None) -> Agent:
+    """An agent whose one tool call never returns (until Ctrl-C)."""
+
+    def reply(messages: Any) -> Message | str:
+        return ScriptedModel.tool_call("hang", topic="x") if messages[-1].role == "user" else "?"
+
+    model = ScriptedModel(reply)
+    return Agent(
+        "You look things up.", model=model, runtime=runtime or _own_runtime(), tools=[hang]
+    )
