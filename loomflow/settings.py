@@ -319,9 +319,22 @@ class Settings(BaseSettings):
         audit, which signs its digests) is not refused."""
         loaded = self._signing_key()
         if loaded is None:
-            return None, None
+            return None, self._unsigned()
         signer, where = loaded
         return signer, self._untrusted(signer, where, "events")
+
+    def _unsigned(self) -> str | None:
+        """Why a process without a signing key may not append (None: it may): a keyring
+        is set and signatures are required (the default then), so every reader would
+        refuse its events as forgeries, which the log would keep."""
+        if self.keyring is None or (self.signatures or "require") != "require":
+            return None
+        return (
+            f"LOOMFLOW_KEYRING={self.keyring} is set and LOOMFLOW_SIGNATURES is "
+            f"{self.signatures or 'unset (so require)'}, but this process has no signing key: "
+            "every reader would refuse its events as forgeries. Set LOOMFLOW_SIGNING_KEY_FILE "
+            "to a key the keyring trusts for events"
+        )
 
     def _signing_key(self) -> tuple[Signer, str] | None:
         """The signing key, and the setting it came from; None when none is set."""

@@ -249,6 +249,29 @@ async def test_a_key_the_keyring_does_not_trust_for_its_role_now_signs_nothing(
     assert Settings().signer() is not None  # not checked when no role is named
 
 
+async def test_a_writer_without_a_key_where_signatures_are_required_appends_nothing(
+    unsigned: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """LOOMFLOW_KEYRING set (so signatures required) and no signing key: every reader
+    would refuse the events as forgeries, which the log would keep (a new user's trial:
+    a run exited 0, then the audit refused all 12 of its records). Refused at the first
+    append; with LOOMFLOW_SIGNATURES=check the events go in, counted as unsigned."""
+    Keyring.of(Signer.generate().trusted()).save(tmp_path / "keyring.json")
+    unsigned.setenv("LOOMFLOW_KEYRING", str(tmp_path / "keyring.json"))
+    for runtime in (SqliteRuntime(tmp_path / "journal.db"), InProcRuntime()):
+        try:
+            agent = Agent("x", model=ScriptedModel(["ok"]), runtime=runtime)
+            with pytest.raises(SigningKeyError, match="this process has no signing key"):
+                await agent.run("go", session_id="s1")
+            assert await runtime.store.read_events(Scope("s1")) == []
+        finally:
+            await runtime.close()
+    unsigned.setenv("LOOMFLOW_SIGNATURES", "check")
+    async with SqliteRuntime(tmp_path / "journal.db") as runtime:
+        agent = Agent("x", model=ScriptedModel(["ok"]), runtime=runtime)
+        assert (await agent.run("go", session_id="s1")).output == "ok"
+
+
 def test_the_mode_given_is_the_mode_used(unsigned: pytest.MonkeyPatch, tmp_path: Path) -> None:
     signer = Signer.generate()
     Keyring.of(signer.trusted()).save(tmp_path / "keyring.json")

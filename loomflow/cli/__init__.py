@@ -9,6 +9,7 @@ the one factory of its runtime, reader, trail and tables) and ``render`` (how ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from collections.abc import Sequence
@@ -133,7 +134,7 @@ def _installed_from() -> Path | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code."""
-    from loomflow.cli.render import quiet_stdout, stdout_gone
+    from loomflow.cli.render import quiet_stdout, settled, stdout_gone
 
     try:
         try:
@@ -144,9 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         if not stdout_gone():  # a socket of the command's own, say: a real error
             raise
-        # the reader of stdout went away (`| head` has its lines): not an error
+        # the reader of stdout went away (`| head` has its lines): not an error, but
+        # what the command found before printing it still decides the exit code
         quiet_stdout()
-        return 0
+        return settled()
+    except OSError as exc:  # stdout on a full disk (`> /dev/full`), say: one line
+        with contextlib.suppress(OSError):  # what stdout holds back goes nowhere at exit
+            quiet_stdout()
+        print(f"loomflow: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run(argv: Sequence[str] | None) -> int:

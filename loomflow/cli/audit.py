@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
-from loomflow.cli.render import count, print_json
+from loomflow.cli.render import count, print_json, settle
 from loomflow.control.source import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
@@ -228,6 +228,7 @@ def _verify(args: argparse.Namespace) -> int:
         return 1
     unknown = bool(filters) and not result.sessions  # not found
     code = 1 if result.problems or unknown else PENDING if result.pending else 0
+    settle(code)
     if args.json:
         print_json(_verification_json(result, log_name, code=code))
         if unknown:

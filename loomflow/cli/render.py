@@ -137,6 +137,23 @@ def _pipe_console(base: type[Console]) -> type[Console]:
     return PipeConsole
 
 
+#: the exit code a command settled on before printing its report (see ``settle``)
+_SETTLED: list[int] = []
+
+
+def settle(code: int) -> None:
+    """Say the exit code this command ends with, before printing what it found: if the
+    reader of stdout goes away meanwhile (``| head``), the command still ends with it,
+    not with the 0 of a pipe that was merely cut (``audit verify | head`` of a tampered
+    log exited 0, which a CI step with ``set -o pipefail`` took for a pass)."""
+    _SETTLED[:] = [code]
+
+
+def settled() -> int:
+    """The exit code ``settle`` set (0 when none was)."""
+    return _SETTLED[0] if _SETTLED else 0
+
+
 def stdout_gone() -> bool:
     """Whether stdout is a pipe (or a socket) whose reader has gone: ``| head`` took its
     lines. A file or a terminal is never gone."""

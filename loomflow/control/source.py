@@ -49,7 +49,13 @@ def read_settings() -> Settings | None:
     try:
         return Settings()
     except ValidationError as exc:
-        print(f"loomflow: invalid LOOMFLOW_* setting: {exc}", file=sys.stderr)
+        # one line: each variable and what is wrong with it (not its value: a DSN or a
+        # key may be among them), not pydantic's several lines and its link
+        wrong = "; ".join(
+            f"LOOMFLOW_{'_'.join(map(str, error['loc'])).upper()}: {error['msg']}"
+            for error in exc.errors()
+        )
+        print(f"loomflow: invalid setting {wrong}", file=sys.stderr)
         return None
 
 

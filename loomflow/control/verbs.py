@@ -90,7 +90,13 @@ async def fork(
     ``session.forked``); the new session's id. Refused: no such session or checkpoint, or
     ``new_id`` taken."""
     from loomflow.errors import CheckpointNotFoundError, InvalidIdError
+    from loomflow.schemas.ids import validate_id
 
+    if new_id is not None:
+        try:
+            validate_id(new_id, "new session id")
+        except InvalidIdError as exc:  # a bad argument, not a refusal of a good one
+            raise Refused(str(exc), 2) from None
     await session(runtime, scope)
     try:
         child = await runtime.fork(scope, checkpoint_id, session_id=new_id)

@@ -386,7 +386,9 @@ class _KafkaReader(LogReader):
         if not partitions:
             raise StoreError(
                 f"topic {self.topic} does not exist on {self.settings.kafka_bootstrap}: "
-                "nothing has written to it yet (or LOOMFLOW_TOPIC_PREFIX differs)"
+                "nothing has written to it yet (or LOOMFLOW_TOPIC_PREFIX differs). The "
+                "readers of the log read a SQLite log (--db) or a Kafka log; a "
+                "PostgresRuntime's log in PostgreSQL is not one they read yet"
             )
         return sorted(partitions)
 

@@ -546,7 +546,13 @@ class Runtime(Resource):
         origin = await self.fork_origin(parent, checkpoint_id)
         child = Scope.of(new_id("sess") if session_id is None else session_id, parent.user_id)
         taken = InvalidIdError(f"fork target {child.describe()} already exists")
-        if await self._store.session(child) is not None:
+        existing = await self._store.session(child)
+        if existing is not None and existing.status == "erased":
+            raise InvalidIdError(
+                f"fork target {child.describe()} was erased: an erased session's id is not "
+                "used again"
+            )
+        if existing is not None:
             raise taken
         event = SessionForked(
             user_id=child.user_id,

@@ -144,8 +144,9 @@ class PostgresStore(DatabaseStore):
         return self._pool
 
     async def _writable(self) -> None:
-        """Refuse to write into a read model that a Kafka log feeds (positions of a
-        consumer in the schema, ``loomflow processor``'s with the default settings, which
+        """Refuse to write into a read model that a Kafka log feeds (a consumer's
+        positions in the schema, or a processor reporting to it, ``loomflow processor``
+        with the default settings, which
         PostgresRuntime and KafkaRuntime share): what this store wrote would be in no log,
         so a rebuild, ``loomflow tail`` and the audit would never see it, and the
         projector would refuse the session's later events."""
@@ -158,14 +159,14 @@ class PostgresStore(DatabaseStore):
             )
 
     async def kafka_feeds(self) -> str | None:
-        """Which Kafka consumers project into the schema ("positions of GROUP of TOPIC,
+        """Which Kafka consumers project into the schema ("consumers GROUP of TOPIC,
         ..."), read once a connection; None for PostgresRuntime's own log."""
         if self._fed_by is None:
             self._fed_by = await self.consumed_topics()
         if not self._fed_by:
             return None
         groups = ", ".join(sorted({f"{group} of {topic}" for group, topic in self._fed_by}))
-        return f"positions of {groups}"
+        return f"consumers {groups}"
 
     async def _connect(self) -> asyncpg.Pool:
         password = urlsplit(self.dsn).password if "://" in self.dsn else None

@@ -63,8 +63,9 @@ class EventStore(Resource, ABC):
     #: read once from the store's settings (``LOOMFLOW_SIGNING_KEY[_FILE]``)
     signer: Signer | None = None
     #: why the keyring (``LOOMFLOW_KEYRING``) does not let ``signer`` sign events now (a
-    #: retired key, one not in it, one of another role): every signing raises it, before
-    #: anything is written, as every reader of the log would refuse what it signed
+    #: retired key, one not in it, one of another role; no key where signatures are
+    #: required): every signing raises it, before anything is written, as every reader
+    #: of the log would refuse what it appended
     signing_refused: str | None = None
 
     def sign(self, event: E) -> E:
@@ -73,11 +74,11 @@ class EventStore(Resource, ABC):
         another log), or the store has no key. Ed25519 is deterministic, so an event
         signed again is the same bytes. SigningKeyError when the key may not sign
         (``signing_refused``)."""
-        if self.signer is None or event.sig is not None:
+        if event.sig is not None:
             return event
         if self.signing_refused is not None:
             raise SigningKeyError(self.signing_refused)
-        return self.signer.sign_event(event)
+        return event if self.signer is None else self.signer.sign_event(event)
 
     async def append(self, events: Sequence[Event]) -> None:
         """Append events atomically, each signed (``sign``); raise InvalidEventError

@@ -83,6 +83,20 @@ class Forks:
         )
         assert follow.session_id == fork.session_id and follow.restored_turns == 9
 
+    async def test_a_fork_onto_an_erased_session_s_id_says_it_was_erased(
+        self, new_runtime: Opened[Runtime]
+    ) -> None:
+        """An erased session's id is not used again; a fork given it says so, rather
+        than that the session "already exists" (a new user's trial was told that)."""
+        research = Research(passes=1)
+        agent = await research.ran(new_runtime(), user_id="alice")
+        (meta,) = await agent.list_checkpoints("s1", user_id="alice")
+        runtime = new_runtime()
+        await runtime.fork(Scope("s1", "alice"), meta.checkpoint_id, session_id="gone")
+        assert await runtime.store.erase("gone", user_id="alice") is True
+        with pytest.raises(InvalidIdError, match=r"fork target session gone .* was erased"):
+            await runtime.fork(Scope("s1", "alice"), meta.checkpoint_id, session_id="gone")
+
     async def test_a_fork_made_without_a_run_resumes_from_its_checkpoint(
         self, new_runtime: Opened[Runtime]
     ) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from loomflow.control import verbs
 from loomflow.control.refused import Missing
@@ -42,6 +42,10 @@ class SignalBody(BaseModel):
 
 
 class ForkBody(BaseModel):
+    #: a key it does not know is refused, not ignored (a fork with ``"as"`` got an id
+    #: of its own making)
+    model_config = ConfigDict(extra="forbid")
+
     checkpoint_id: str
     new_id: str | None = None
 

@@ -113,3 +113,61 @@ def test_a_reader_gone_after_a_line_ends_the_command_quietly_with_0(
     line, code, err = _first_line(argv)
     assert line.strip() and line == whole.out.splitlines(keepends=True)[0]
     assert (code, err) == (0, ""), (command, code, err)
+
+
+def _one_run(db: Path) -> None:
+    """A journal at ``db`` with one finished run whose answer is "All is well."."""
+
+    async def write() -> None:
+        async with SqliteRuntime(db) as runtime:
+            agent = Agent("Echo.", model=ScriptedModel(["All is well."]), runtime=runtime)
+            await agent.run("hi", session_id="s1")
+
+    asyncio.run(write())
+
+
+def test_a_verdict_cut_off_by_its_reader_still_decides_the_exit_code(
+    cli: Cli, tmp_path: Path
+) -> None:
+    """`loomflow audit verify | head` of a tampered log: the pipe cut before the report
+    must not turn the verdict into 0 (a new user's trial: `PIPESTATUS` "0 0", so a CI step
+    with `set -o pipefail` passed a tampered log). Here the reader is gone before the
+    command writes at all."""
+    import sqlite3
+
+    db = tmp_path / "journal.db"
+    _one_run(db)
+    assert cli("audit", "--db", str(db)).code == 0
+    with sqlite3.connect(db) as conn:  # one byte of a recorded message, changed
+        conn.execute(
+            "UPDATE loomflow_events SET payload = replace(payload, 'All is', 'All IS') "
+            "WHERE payload LIKE '%All is well%'"
+        )
+    argv = [str(BIN / "loomflow"), "audit", "verify", "--db", str(db)]
+    assert cli(*argv[1:]).code == 1
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    read, write_end = os.pipe()
+    os.close(read)  # no reader at all: the first write is refused
+    try:
+        done = subprocess.run(argv, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (1, "")
+
+
+def test_output_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """stdout on a full disk (`> /dev/full`): exit 1 and one line saying so (a new
+    user's trial got a traceback ending in OSError)."""
+    db = tmp_path / "journal.db"
+    _one_run(db)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LOOMFLOW_")}
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [str(BIN / "loomflow"), "sessions", "ls", "--db", str(db)],
+            env=env,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    assert done.returncode == 1
+    assert done.stderr == "loomflow: [Errno 28] No space left on device\n"

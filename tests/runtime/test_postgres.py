@@ -235,6 +235,28 @@ async def test_a_runtime_refuses_to_write_into_a_read_model_that_kafka_feeds(
         assert await runtime.store.session(Scope("s2")) is None
 
 
+async def test_a_schema_a_processor_reports_to_is_refused_before_it_applied_anything(
+    dsn: str, schema: str
+) -> None:
+    """A processor that has started on a schema and applied nothing yet records no
+    positions, but reports itself running: that schema is a Kafka log's read model too
+    (a new user's trial wrote a PostgresRuntime session into it, exit 0)."""
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        await runtime.store.setup()
+    settings = Settings(postgres_dsn=dsn, db_schema=schema)
+    conn = await asyncpg.connect(dsn)
+    try:  # as `loomflow processor` reports itself once it has its partitions
+        await pg.report_processor(
+            conn, schema, settings.projector_group, settings.events_topic, "w1", [0, 1]
+        )
+    finally:
+        await conn.close()
+    async with PostgresRuntime(dsn, schema=schema) as runtime:
+        with pytest.raises(StoreError, match=rf"consumers {settings.projector_group} of "):
+            await Research(passes=1).agent(runtime).run("Research.", session_id="s1")
+        assert await runtime.store.session(Scope("s1")) is None
+
+
 async def test_a_store_opened_only_to_inspect_never_creates_a_schema(dsn: str, schema: str) -> None:
     with pytest.raises(StoreError, match=f"no loomflow schema '{schema}'"):
         async with PostgresStore(dsn, schema=schema, create=False):

@@ -362,6 +362,22 @@ def test_fork_makes_a_child_session_listed_in_the_parents_tree(
         json={"checkpoint_id": newest, "new_id": "from-the-console"},
     )
     assert taken.status_code == 409 and "choose another id" in taken.json()["error"]
+    # a new id that is no id, or a key the body does not have: a bad request, not a
+    # refusal of a good one (a new user's trial: 409, and "as" ignored for an id of ours)
+    before = writer.get("/api/sessions", params={"user": user}).json()
+    bad = writer.post(
+        f"/api/sessions/{session}/fork",
+        params={"user": user},
+        json={"checkpoint_id": newest, "new_id": "a b"},
+    )
+    assert bad.status_code == 400 and "invalid new session id 'a b'" in bad.json()["error"]
+    unknown = writer.post(
+        f"/api/sessions/{session}/fork",
+        params={"user": user},
+        json={"checkpoint_id": newest, "as": "mine"},
+    )
+    assert unknown.status_code == 400 and "as" in unknown.json()["error"], unknown.text
+    assert writer.get("/api/sessions", params={"user": user}).json() == before
 
 
 def test_an_unknown_checkpoint_is_a_404_naming_the_sessions_checkpoints(

@@ -66,10 +66,12 @@ async def load_positions(
 
 
 async def consumed_topics(conn: asyncpg.Connection, schema: str) -> list[tuple[str, str]]:
-    """(consumer, topic) of every consumer that recorded positions in the schema: a
-    schema with any is the read model of a Kafka log, which writes must go through."""
+    """(consumer, topic) of every consumer that recorded positions in the schema, or
+    that reports to it as running (a processor that has applied nothing yet): a schema
+    with any is the read model of a Kafka log, which writes must go through."""
     rows = await conn.fetch(
-        f"SELECT DISTINCT consumer, topic FROM {quoted(schema)}.positions ORDER BY 1, 2"
+        f"SELECT consumer, topic FROM {quoted(schema)}.positions "
+        f"UNION SELECT consumer, topic FROM {quoted(schema)}.processors ORDER BY 1, 2"
     )
     return [(r[0], r[1]) for r in rows]
 
