@@ -146,4 +146,4 @@ def test_a_token_too_short_is_refused_without_echoing_it(tmp_path: Path) -> None
         env={"LOOMFLOW_UI_TOKEN": "s3cret-value", "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 2
-    assert "ui_token" in done.stderr and "s3cret-value" not in done.stderr, done.stderr
+    assert "LOOMFLOW_UI_TOKEN" in done.stderr and "s3cret-value" not in done.stderr, done.stderr
