@@ -17,7 +17,7 @@ import argparse
 import re
 import sys
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,12 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=parse_when,
         metavar="WHEN",
         help="retire it from WHEN, not now: an ISO datetime (UTC unless it names a zone) or "
-        "an age (2h: two hours ago); not in the future",
+        "an age (2h: two hours ago); not in the future. What it signed after WHEN is then "
+        "refused by every reader, and a retirement is not moved: asked first at a "
+        "terminal, else refused without --yes",
+    )
+    retire.add_argument(
+        "--yes", action="store_true", help="retire it from a moment past without asking"
     )
     _json_option(retire, "key_id, keyring, retired_at")
     retire.set_defaults(handler=_handler("keys retire", _retire))
@@ -336,6 +341,13 @@ def _retire(args: argparse.Namespace) -> int:
             f"{args.key_id} was retired at {timestamp(key.retired_at)} already; a "
             "retirement is not moved"
         )
+    if now - at > _PAST and not args.yes and not _agreed(args.key_id, timestamp(at)):
+        raise Refused(
+            f"would retire {args.key_id} from {timestamp(at)}, a moment past: what it "
+            "signed after then would be refused by every reader, and a retirement is not "
+            "moved; pass --yes to do it without asking",
+            2,
+        )
     _save(keyring.retire(args.key_id, at), path)
     if args.json:
         print_json({"key_id": args.key_id, "keyring": str(path), "retired_at": iso(at)})
@@ -344,6 +356,22 @@ def _retire(args: argparse.Namespace) -> int:
         f"retired {args.key_id} at {timestamp(at)}: its signatures hold on what is dated up to then"
     )
     return 0
+
+
+#: how far back ``retire --at`` goes without asking: a moment ago is now
+_PAST = timedelta(minutes=1)
+
+
+def _agreed(key_id: str, at: str) -> bool:
+    """A person's yes at a terminal to retiring ``key_id`` from ``at``, a moment past
+    (False without a terminal)."""
+    if not sys.stdin.isatty():
+        return False
+    answer = input(
+        f"Retire {key_id} from {at}? What it signed after then will be refused by every "
+        "reader, and a retirement is not moved. [y/N] "
+    )
+    return answer.strip().lower() in ("y", "yes")
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -208,7 +208,14 @@ def test_retire_ends_a_keys_validity_from_now_and_a_retirement_is_not_moved(
 
 def test_retire_at_a_moment_past_but_never_in_the_future(cli: Cli, tmp_path: Path) -> None:
     key_id = _new(cli, "writer.pem")
-    past = cli("keys", "retire", key_id, "--keyring", "keyring.json", "--at", "2h")
+    # from a moment past, what the key signed since is refused, for good: not without a yes
+    # (a new user's trial backdated a retirement by a day with no word of what it did)
+    asked = cli("keys", "retire", key_id, "--keyring", "keyring.json", "--at", "2h")
+    assert asked.code == 2 and "pass --yes to do it without asking" in _one_line(
+        asked, "keys retire"
+    )
+    assert Keyring.load(tmp_path / "keyring.json").keys[key_id].retired_at is None
+    past = cli("keys", "retire", key_id, "--keyring", "keyring.json", "--at", "2h", "--yes")
     assert past.code == 0  # an age: two hours ago
     second = _new(cli, "second.pem")
     tomorrow = (datetime.now(UTC) + timedelta(days=1)).isoformat()
@@ -216,7 +223,15 @@ def test_retire_at_a_moment_past_but_never_in_the_future(cli: Cli, tmp_path: Pat
     assert ran.code == 2 and "is in the future" in _one_line(ran, "keys retire")
     assert Keyring.load(tmp_path / "keyring.json").keys[second].retired_at is None
     ran = cli(
-        "keys", "retire", second, "--keyring", "keyring.json", "--at", "2026-11-30T09:00Z", "--json"
+        "keys",
+        "retire",
+        second,
+        "--keyring",
+        "keyring.json",
+        "--at",
+        "2026-11-30T09:00Z",
+        "--json",
+        "--yes",
     )
     assert json.loads(ran.out) == {
         "key_id": second,
@@ -233,7 +248,7 @@ def test_retire_at_a_moment_past_but_never_in_the_future(cli: Cli, tmp_path: Pat
 def test_list_prints_each_key_with_its_roles_and_dates(cli: Cli, tmp_path: Path) -> None:
     writer = _new(cli, "writer.pem")
     audit = _new(cli, "audit.pem", "keyring.json", "--role", "digests")
-    cli("keys", "retire", writer, "--keyring", "keyring.json", "--at", "2026-11-30T09:00Z")
+    cli("keys", "retire", writer, "--keyring", "keyring.json", "--at", "2026-11-30T09:00Z", "--yes")
     ran = cli("keys", "list", "--keyring", "keyring.json", "--wide")
     assert ran.code == 0 and not ran.err
     header, _, *rows = ran.out.splitlines()
