@@ -8,6 +8,7 @@ trail in the read model's PostgreSQL schema) are audited the same way.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -223,6 +224,7 @@ async def verify_trail(
     for entry in await trail.entries(user_id, session_id):
         chains[entry.scope].append(entry)
     chained = {e.key: e.n for entries in chains.values() for e in entries}
+    chained_in = {e.key: scope for scope, entries in chains.items() for e in entries}
     # records the audit kept among its rejects (a second copy of an event, say) are not
     # expected in any chain
     rejected = {reject.position for reject in await trail.rejects()}
@@ -284,7 +286,14 @@ async def verify_trail(
     scopes = set(log) | set(chains) | set(committed) | set(forged)
     for scope in sorted(scopes, key=lambda s: (s.user_id or "", s.session_id)):
         entries = chains.get(scope, [])
-        findings = verify(entries, log.get(scope, []), vacated, undecodable)
+        findings = verify(
+            entries,
+            log.get(scope, []),
+            vacated,
+            undecodable,
+            held=lambda p: _where(p) in held,
+            chained_as=functools.partial(_chained_as, chained_in, scope),
+        )
         findings += forged.get(scope, [])
         if signatures.keyring is not None and signatures.mode == "require":
             findings += _entry_signatures(
@@ -397,6 +406,12 @@ def _against_digest(
         where = None if head is None else head.position
         return [Finding("rewritten", committed.n, where, detail)], 0
     return [], sum(1 for e in entries if e.n > committed.n)
+
+
+def _chained_as(chained_in: dict[str, Scope], scope: Scope, key: str) -> str | None:
+    """The other session whose chain holds the record ``key`` (None: none, or ``scope``)."""
+    other = chained_in.get(key, scope)
+    return None if other == scope else other.describe()
 
 
 def _where(position: str) -> tuple[int, int]:

@@ -210,6 +210,8 @@ def verify(
     log: Sequence[Link],
     vacated: Callable[[str], bool],
     undecodable: Mapping[str, str] | None = None,
+    held: Callable[[str], bool] | None = None,
+    chained_as: Callable[[str], str | None] | None = None,
 ) -> list[Finding]:
     """What is wrong with one session's chain (``entries`` as stored, in ``n`` order)
     against its records in the log (``log``, in log order, read again).
@@ -217,8 +219,11 @@ def verify(
     Records an erasure or a prune removed from the log are expected to be missing from
     it. ``vacated(position)`` says whether the log held a record at that position when
     it was audited and holds none now: an entry whose record is missing from the log was
-    deleted from the log if so, and inserted into the trail if not. ``undecodable`` maps
-    the positions of records that no longer decode to the reason.
+    deleted from the log if so, and inserted into the trail if not, unless ``held(position)``
+    says the log holds a record there now, which is then not the one the entry chained
+    (its ids were changed in the log, or the entry was added to the trail). ``undecodable``
+    maps the positions of records that no longer decode to the reason. ``chained_as(key)``
+    names the other session whose chain holds a record the log now gives this one.
     """
     findings = _chain_breaks(entries)
     broken = {f.n for f in findings}
@@ -276,6 +281,17 @@ def verify(
                     f"({undecodable[entry.position]})",
                 )
             )
+        elif entry.n not in broken and held is not None and held(entry.position):
+            findings.append(
+                Finding(
+                    "altered",
+                    entry.n,
+                    entry.position,
+                    f"{what}: the log's record at {entry.position} is not the one it "
+                    "chained: its event, user or session id was changed in the log after "
+                    "it was audited, or the entry was added to the trail",
+                )
+            )
         elif entry.n in broken or not vacated(entry.position):
             findings.append(
                 Finding("inserted", entry.n, None, f"{what} was inserted into the trail")
@@ -293,6 +309,19 @@ def verify(
         if key in moved:
             continue
         link = links[key]
+        other = None if chained_as is None else chained_as(key)
+        if other is not None:  # audited as another session's: the log's ids changed since
+            findings.append(
+                Finding(
+                    "altered",
+                    None,
+                    link.position,
+                    f"the log's record at {link.position} (seq {link.seq}, {link.type}, "
+                    f"{key}) was audited as {other}'s: its user or session id was changed "
+                    "in the log after it was audited",
+                )
+            )
+            continue
         # the log gave this record to the audit (it is within the audited positions), and
         # the audit chains every record it is given: its entry was taken out of the trail
         findings.append(

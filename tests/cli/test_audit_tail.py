@@ -62,6 +62,35 @@ def test_audit_then_verify_passes_and_a_tampered_log_fails(
     assert "verification failed: 1 problem in 1 of 2 sessions" in out, out
 
 
+def test_a_log_record_whose_user_was_changed_is_blamed_on_the_log_not_the_trail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One log row's user_id changed after the audit: its session's entry no longer has
+    its record, though the log holds a record at that position. That is the log's
+    record changed (or an entry added to the trail), not "inserted into the trail" (a
+    new user's trial was told so, which sends an auditor to the wrong place)."""
+    db = tmp_path / "journal.db"
+    asyncio.run(_run(db, "s1", "alice"))
+    assert _cli("audit", "--db", str(db), capsys=capsys)[0] == 0
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE loomflow_events SET user_id = 'mallory' WHERE seq = 2")
+    code = main(["audit", "verify", "--db", str(db), "--json"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    found = {(s["user_id"], s["session_id"]): s["findings"] for s in orjson.loads(out)["sessions"]}
+    (alice,) = found[("alice", "s1")]
+    assert alice["kind"] == "altered" and alice["entry"] == 2, alice
+    assert "is not the one it chained: its event, user or session id was changed" in str(alice)
+    # and where the log now puts the record: audited as alice's, not deleted from a trail
+    (mallory,) = found[("mallory", "s1")]
+    assert mallory["kind"] == "altered", mallory
+    assert (
+        "was audited as session s1 (user alice)'s: its user or session id was changed"
+        in (mallory["detail"])
+    )
+    assert "inserted into the trail" not in out and "deleted from the trail" not in out
+
+
 def test_verify_before_any_audit_says_what_to_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
