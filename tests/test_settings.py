@@ -25,6 +25,7 @@ from loomflow.runtime import (
     SqliteRuntime,
     SqliteStore,
 )
+from loomflow.schemas import RunStarted, new_id
 from loomflow.schemas.events import SignalSent
 from loomflow.schemas.signing import Keyring, Signatures, Signer
 from loomflow.settings import Settings
@@ -264,6 +265,11 @@ async def test_a_writer_without_a_key_where_signatures_are_required_appends_noth
             with pytest.raises(SigningKeyError, match="this process has no signing key"):
                 await agent.run("go", session_id="s1")
             assert await runtime.store.read_events(Scope("s1")) == []
+            # an event appended as it is, not made by a run's writer (a fork's, say)
+            claim = RunStarted(session_id="s2", run_id=new_id("run"), seq=1, epoch=1)
+            with pytest.raises(SigningKeyError, match="this process has no signing key"):
+                await runtime.store.append([claim])
+            assert await runtime.store.read_events(Scope("s2")) == []
         finally:
             await runtime.close()
     unsigned.setenv("LOOMFLOW_SIGNATURES", "check")

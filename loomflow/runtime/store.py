@@ -95,7 +95,7 @@ class EventStore(Resource, ABC):
         await self._send(self._signed(events))
 
     def _signed(self, events: Sequence[Event]) -> Sequence[Event]:
-        if self.signer is None:
+        if self.signer is None and self.signing_refused is None:
             return events
         return [self.sign(event) for event in events]
 
