@@ -145,11 +145,10 @@ class PostgresStore(DatabaseStore):
 
     async def _writable(self) -> None:
         """Refuse to write into a read model that a Kafka log feeds (a consumer's
-        positions in the schema, or a processor reporting to it, ``loomflow processor``
-        with the default settings, which
-        PostgresRuntime and KafkaRuntime share): what this store wrote would be in no log,
-        so a rebuild, ``loomflow tail`` and the audit would never see it, and the
-        projector would refuse the session's later events."""
+        positions in the schema, or a processor reporting to it: ``loomflow processor``
+        with the default settings, which PostgresRuntime and KafkaRuntime share): what
+        this store wrote would be in no log, so a rebuild, ``loomflow tail`` and the audit
+        would never see it, and the projector would refuse the session's later events."""
         feeds = await self.kafka_feeds()
         if feeds:
             raise StoreError(
