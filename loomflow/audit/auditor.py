@@ -223,8 +223,7 @@ async def verify_trail(
     chains: dict[Scope, list[Entry]] = defaultdict(list)
     for entry in await trail.entries(user_id, session_id):
         chains[entry.scope].append(entry)
-    chained = {e.key: e.n for entries in chains.values() for e in entries}
-    chained_in = {e.key: scope for scope, entries in chains.items() for e in entries}
+    chained = {e.key: e for entries in chains.values() for e in entries}
     # records the audit kept among its rejects (a second copy of an event, say) are not
     # expected in any chain
     rejected = {reject.position for reject in await trail.rejects()}
@@ -251,7 +250,7 @@ async def verify_trail(
                 if problem is None and record.event.sig is not None:
                     signed[link.key] = (link.digest, record.event.sig.key)
                 elif problem is not None and signatures.mode == "require":
-                    n = chained.get(link.key)
+                    n = chained[link.key].n if link.key in chained else None
                     forged[link.scope].append(Finding("forged", n, record.position, problem))
                     forged_keys.add(link.key)
                 elif problem is not None:
@@ -292,7 +291,7 @@ async def verify_trail(
             vacated,
             undecodable,
             held=lambda p: _where(p) in held,
-            chained_as=functools.partial(_chained_as, chained_in, scope),
+            chained_as=functools.partial(_chained_as, chained, scope),
         )
         findings += forged.get(scope, [])
         if signatures.keyring is not None and signatures.mode == "require":
@@ -408,10 +407,10 @@ def _against_digest(
     return [], sum(1 for e in entries if e.n > committed.n)
 
 
-def _chained_as(chained_in: dict[str, Scope], scope: Scope, key: str) -> str | None:
+def _chained_as(chained: dict[str, Entry], scope: Scope, key: str) -> str | None:
     """The other session whose chain holds the record ``key`` (None: none, or ``scope``)."""
-    other = chained_in.get(key, scope)
-    return None if other == scope else other.describe()
+    entry = chained.get(key)
+    return None if entry is None or entry.scope == scope else entry.scope.describe()
 
 
 def _where(position: str) -> tuple[int, int]:

@@ -703,13 +703,9 @@ class KafkaStore(EventStore):
         few records of other processes' sessions in the same partition, read in one
         fetch, where the projector's verdict takes a fetch, a transaction and a
         notification, after whatever it has to apply first."""
-        unknown = []
-        for offset in offsets:
-            whose = self._own.get((partition, offset))
-            if whose == scope:
-                return False  # this store's, not among the events being confirmed
-            if whose is None:
-                unknown.append(offset)
+        unknown = self._not_own(scope, partition, offsets)
+        if unknown is None:
+            return False  # this store's record of the session, not among those confirmed
         if not unknown:
             return True
         if unknown[-1] - unknown[0] >= _GAP_READ_UP_TO:
@@ -719,17 +715,17 @@ class KafkaStore(EventStore):
         records = await self._records(partition, unknown[0], unknown[-1] + 1)
         return not any(r.offset in wanted and r.key == key for r in records)
 
-    def _others_own(self, scope: Scope, partition: int, offsets: range) -> bool:
-        """Whether this store appended every record at ``offsets``, none of them for
-        ``scope``: then none is the session's, and the log need not be read to know it."""
-        if len(offsets) > _OWN_KEPT:
-            return False
-        own = self._own
+    def _not_own(self, scope: Scope, partition: int, offsets: Sequence[int]) -> list[int] | None:
+        """The offsets whose records this store did not append (or no longer knows of),
+        in order; None when it appended one of them for ``scope`` itself."""
+        unknown = []
         for offset in offsets:
-            whose = own.get((partition, offset))
-            if whose is None or whose == scope:
-                return False
-        return True
+            whose = self._own.get((partition, offset))
+            if whose == scope:
+                return None
+            if whose is None:
+                unknown.append(offset)
+        return unknown
 
     async def _projected(self, wanted: dict[int, int]) -> None:
         """Wait until the projector's committed positions pass ``wanted``.
@@ -941,8 +937,10 @@ class KafkaStore(EventStore):
         partition = await self._partition_of(scope)
         if end is None:
             end = await self._end_of(partition)
-        if since >= end or self._others_own(scope, partition, range(since, end)):
+        if since >= end:
             return []
+        if end - since <= _OWN_KEPT and self._not_own(scope, partition, range(since, end)) == []:
+            return []  # all this store's own records, of other sessions: nothing to read
         later: list[Event] = []
         taken: set[int] = set()
         for record in await self._records(partition, since, end):
