@@ -1,6 +1,7 @@
 """The README's worker and signal example, as a user runs it: approval.py saved and run
-alone, then ``loomflow worker approval:agents`` in the background, ``loomflow signal`` and
-``loomflow sessions show``, each in its own process with no LOOMFLOW_* settings."""
+alone, then ``loomflow worker approval:agents`` in the background, ``loomflow signal``,
+``loomflow sessions show`` and approval.py once more, each in its own process with no
+LOOMFLOW_* settings."""
 
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ async def test_the_worker_example_runs_as_written(tmp_path: Path) -> None:
         ["loomflow", "worker"],
         ["loomflow", "signal"],
         ["loomflow", "sessions"],
+        ["python", "approval.py"],
     ]
-    (run, ran), (serve, served), (send, sent), (show, shown) = (
+    (run, ran), (serve, served), (send, sent), (show, shown), (again, said) = (
         (command.argv, command.shown or "") for command in steps
     )
 
@@ -73,3 +75,14 @@ async def test_the_worker_example_runs_as_written(tmp_path: Path) -> None:
     lines = [" ".join(line.split()) for line in show_done.stdout.splitlines()]
     assert " ".join(shown.split()) in lines
     assert "tool ← pay returned: invoice 7: paid" in lines
+
+    # run again once paid: it says so (it ended in the scripted model's ModelError, a
+    # traceback, and left the paid session failed with the prompt asked a second time)
+    second = await asyncio.to_thread(_run, again, tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.strip() == said and second.stderr == ""
+    assert await _finished(tmp_path / "journal.db")
+    async with SqliteRuntime(tmp_path / "journal.db") as runtime:
+        state = await runtime.restore(Scope("invoice-7"))
+    assert state is not None
+    assert [m.content for m in state.messages].count("Pay invoice 7.") == 1

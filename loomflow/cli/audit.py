@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomflow.cli.options import add_db_option, id_of, user_filter, user_of
 from loomflow.cli.render import count, print_json, settle
+from loomflow.control.refused import Refused
 from loomflow.control.source import Source, quiet_kafka, read_settings
 
 if TYPE_CHECKING:
@@ -54,7 +55,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "session's previous entry; the others are kept as refused, with the reason. "
         "Replaying adds nothing. With a digest place (--digests, LOOMFLOW_AUDIT_DIGESTS), "
         "a signed digest is written every LOOMFLOW_AUDIT_DIGEST_EVENTS records or "
-        "LOOMFLOW_AUDIT_DIGEST_SECONDS. Then exit, or go on with --follow.",
+        "LOOMFLOW_AUDIT_DIGEST_SECONDS. Then exit, or go on with --follow. One audit writes "
+        "a trail at a time: one started beside it is refused (exit code 1).",
     )
     audit.add_argument("--follow", action="store_true", help="keep auditing new events")
     audit.set_defaults(handler=_audit)
@@ -118,9 +120,9 @@ def _audit(args: argparse.Namespace) -> int:
         done = asyncio.run(
             _run_audit(source, settings, args.trail, args.follow, console, args.digests)
         )
-    except LoomflowError as exc:
+    except (LoomflowError, Refused) as exc:
         print(f"loomflow audit: {exc}", file=sys.stderr)
-        return 1
+        return exc.code if isinstance(exc, Refused) else 1
     console.print(done)
     return 0
 
@@ -146,9 +148,9 @@ def _digest(args: argparse.Namespace) -> int:
         done = asyncio.run(
             _run_audit(source, settings, args.trail, False, console, args.digests, now=True)
         )
-    except LoomflowError as exc:
+    except (LoomflowError, Refused) as exc:
         print(f"loomflow audit digest: {exc}", file=sys.stderr)
-        return 1
+        return exc.code if isinstance(exc, Refused) else 1
     console.print(done)
     return 0
 
@@ -164,46 +166,63 @@ async def _run_audit(
     now: bool = False,
 ) -> str:
     """Audit the log (and go on with ``follow``), writing digests to ``place`` (or the
-    settings') as they fall due, and one at the end with ``now``; what was done."""
+    settings') as they fall due, and one at the end with ``now``; what was done. Refused
+    while another audit writes the trail (it audits what this one would)."""
     from loomflow.audit.auditor import Auditor
     from loomflow.audit.digests import digest_writer
     from loomflow.log.reader import require_log
 
     if source.db is not None:
         await require_log(source.db)  # before a trail is created beside something else
-    async with source.trail(trail_path) as trail:
-        # an embedded trail keeps its position in the log; at scale the group commits it
-        if source.settings is None:
-            reader = source.reader(start=await trail.position() or "beginning")
-        else:
-            reader = source.reader(group=source.settings.audit_group, start="committed")
-        async with reader:
-            digests = digest_writer(trail, settings, reader.source, place)
-            # `audit digest` writes one digest, when it has caught up: none as it goes
-            auditor = Auditor(reader, trail, None if now else digests)
-            if follow:
-                stop = asyncio.Event()
-                loop = asyncio.get_running_loop()
-                for signum in (signal.SIGINT, signal.SIGTERM):
-                    loop.add_signal_handler(signum, stop.set)
-                out.print(f"auditing {reader.source} into the {trail.where}; Ctrl-C stops")
-                await auditor.follow(stop)
+    trail = source.trail(trail_path)
+    # taken before the trail opens, so that a refused audit opens (or makes) nothing
+    async with source.trail_lock(trail_path) as held:
+        if not held:
+            raise Refused(_busy(trail.where, digest=now))
+        async with trail:
+            # an embedded trail keeps its position in the log; at scale the group commits it
+            if source.settings is None:
+                reader = source.reader(start=await trail.position() or "beginning")
             else:
-                await auditor.catch_up()
-            if now and digests is not None:
-                await digests.write()
-            done = auditor.done
-            said = (
-                f"audited {count(done.records, 'new record')} of {reader.source} into the "
-                f"{trail.where}: {count(done.entries, 'entry')} in "
-                f"{count(len(done.sessions), 'session')}, {done.rejected} rejected"
-            )
-            if digests is not None and digests.written:
-                said += (
-                    f"; wrote {count(len(digests.written), 'digest')}, the last to "
-                    + (digests.written[-1])
+                reader = source.reader(group=source.settings.audit_group, start="committed")
+            async with reader:
+                digests = digest_writer(trail, settings, reader.source, place)
+                # `audit digest` writes one digest, when it has caught up: none as it goes
+                auditor = Auditor(reader, trail, None if now else digests)
+                if follow:
+                    stop = asyncio.Event()
+                    loop = asyncio.get_running_loop()
+                    for signum in (signal.SIGINT, signal.SIGTERM):
+                        loop.add_signal_handler(signum, stop.set)
+                    out.print(f"auditing {reader.source} into the {trail.where}; Ctrl-C stops")
+                    await auditor.follow(stop)
+                else:
+                    await auditor.catch_up()
+                if now and digests is not None:
+                    await digests.write()
+                done = auditor.done
+                said = (
+                    f"audited {count(done.records, 'new record')} of {reader.source} into the "
+                    f"{trail.where}: {count(done.entries, 'entry')} in "
+                    f"{count(len(done.sessions), 'session')}, {done.rejected} rejected"
                 )
-            return said
+                if digests is not None and digests.written:
+                    said += (
+                        f"; wrote {count(len(digests.written), 'digest')}, the last to "
+                        + (digests.written[-1])
+                    )
+                return said
+
+
+def _busy(trail: str, *, digest: bool) -> str:
+    """Why an audit leaves alone the trail another audit writes, and what to do instead."""
+    said = f"another `loomflow audit` is writing the {trail} now (one at a time)"
+    if digest:
+        return (
+            f"{said}: run this once it has ended (stop an `audit --follow` first; it writes "
+            "digests as they fall due)"
+        )
+    return f"{said}, and audits what this one would: run this again once it has ended"
 
 
 def _verify(args: argparse.Namespace) -> int:

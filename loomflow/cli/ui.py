@@ -194,8 +194,7 @@ async def _serve(args: argparse.Namespace, source: Any, settings: Any) -> int:
         waiting.cancel()
         return 1
     url = _url(host, port)
-    what = f"SQLite {source.db}" if source.db is not None else "the PostgreSQL read model"
-    lines = [f"loomflow console on {url} ({what}); Ctrl-C stops"]
+    lines = [f"loomflow console on {url} ({source.name}); Ctrl-C stops"]
     if token is not None:
         lines.append(
             f"open {url}login?code={guard.login_code()} to sign in (the link works once); "

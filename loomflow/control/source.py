@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -119,16 +119,28 @@ class Source:
         assert self.settings is not None, "an embedded log has no settings"
         return self.settings
 
+    @property
+    def name(self) -> str:
+        """The store as a line says it: ``SQLite journal.db``, or ``the PostgreSQL read
+        model at 127.0.0.1:5432/loomflow, schema loomflow`` (never the DSN's user or
+        password), as the note of a command that fell back to it names it."""
+        if self.db is not None:
+            return f"SQLite {self.db}"
+        return f"the PostgreSQL read model at {self._postgres_where()}"
+
+    def _postgres_where(self) -> str:
+        """``host:port/database, schema NAME`` of the settings' PostgreSQL."""
+        settings = self._scaled
+        return f"{_postgres_address(settings.postgres_dsn)}, schema {settings.db_schema}"
+
     def _note_postgres(self, what: str) -> None:
         """Say on stderr, once per ``what``, that ``what`` is the PostgreSQL the command
         fell back to (no --db, no --dsn)."""
         if self.fallback is None or what in self._noted:
             return
         self._noted.add(what)
-        settings = self._scaled
         print(
-            f"loomflow: {what} at {_postgres_address(settings.postgres_dsn)}, schema "
-            f"{settings.db_schema} (no --db given; {self.fallback})",
+            f"loomflow: {what} at {self._postgres_where()} (no --db given; {self.fallback})",
             file=sys.stderr,
             flush=True,
         )
@@ -218,6 +230,29 @@ class Source:
         store = PostgresStore.from_settings(settings, max_size=2)
         where = f"audit trail in PostgreSQL schema {settings.db_schema}"
         return PostgresTrail(store._call, where, on_close=store.close)
+
+    def trail_lock(self, path: Path | None = None) -> AbstractAsyncContextManager[bool]:
+        """The lock whatever writes the audit trail (:meth:`trail` of the same ``path``)
+        holds while it does, not taken yet: ``async with`` it yields True once this
+        process holds it, False (holding nothing) while another does. Two audits writing
+        one trail at once read the same records and heads of chains: one found them all
+        chained and counted none, or both chained them and one failed on the trail's
+        unique keys (and on Kafka they split the audit group's partitions). An embedded
+        trail's lock is the file ``<trail>-lock`` beside it; at scale, a PostgreSQL
+        advisory lock named by the schema."""
+        from loomflow.control.exclusive import advisory_lock, file_lock
+        from loomflow.projections.audit import default_trail_path
+
+        if self.db is not None:
+            trail = path or default_trail_path(self.db)
+            return file_lock(trail.with_name(f"{trail.name}-lock"))
+        settings = self._scaled
+        return advisory_lock(
+            settings.postgres_dsn,
+            f"loomflow.audit:{settings.db_schema}",
+            connect_timeout=settings.connect_timeout,
+            where=self._postgres_where(),
+        )
 
     def stats(self, stats_db: Path | None, *, warn: Callable[[str], None]) -> Stats:
         """Every hour of the analytics tables: an embedded log's (in ``stats_db``, default

@@ -106,9 +106,13 @@ class ScriptedModel:
         elif index < len(self._script):
             reply = self._script[index]
         else:
+            replies = len(self._script)
             raise ModelError(
-                f"scripted model {self.name!r} has {len(self._script)} replies and was asked "
-                f"for reply {index + 1}"
+                f"scripted model {self.name!r} has {replies} repl{'y' if replies == 1 else 'ies'}"
+                f" and was asked for reply {index + 1}: the conversation holds every reply of "
+                "its script already (a session given another prompt once its script was done, "
+                "or a run longer than its script); give it more replies, or a function of the "
+                "messages"
             )
         message = Message.assistant(reply) if isinstance(reply, str) else reply
         if any(not call.id for call in message.tool_calls):

@@ -12,7 +12,7 @@ import asyncpg
 from loomflow.errors import StoreClosedError, StoreError
 from loomflow.projections import postgres as pg
 from loomflow.projections.fold import PruneFilter
-from loomflow.projections.postgres import store_error
+from loomflow.projections.postgres import connect_error, store_error
 from loomflow.runtime.base import Runtime
 from loomflow.runtime.group_commit import GroupCommit
 from loomflow.runtime.store import DatabaseStore, PruneResult
@@ -168,7 +168,6 @@ class PostgresStore(DatabaseStore):
         return f"consumers {groups}"
 
     async def _connect(self) -> asyncpg.Pool:
-        password = urlsplit(self.dsn).password if "://" in self.dsn else None
         try:
             pool = await asyncpg.create_pool(
                 self.dsn,
@@ -183,12 +182,7 @@ class PostgresStore(DatabaseStore):
             asyncpg.PostgresError,
             asyncpg.InterfaceError,
         ) as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            if password:
-                reason = reason.replace(password, "***")
-            raise store_error(
-                f"cannot connect to PostgreSQL at {_redact(self.dsn)} ({reason}); {_HINT}", exc
-            ) from exc
+            raise connect_error(self.dsn, _redact(self.dsn), exc, _HINT) from exc
         try:
             async with pool.acquire() as conn:
                 if not self.create and not await pg.schema_version(conn, self.schema):

@@ -19,6 +19,7 @@ from loomflow.runtime import Scope, SqliteRuntime
 from loomflow.schemas import RunCancelled, RunStarted
 from loomflow.schemas.events import RunCancelledPayload, RunStartedPayload
 from tests.support.scenario import Research
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,6 +155,77 @@ async def test_tail_json_from_the_beginning(tmp_path: Path) -> None:
         tail.wait(timeout=30)
     assert (started["type"], finished["type"]) == ("run.started", "run.finished")
     assert started["session_id"] == "s1" and started["position"] == "1"
+
+
+async def _loomflow(*argv: str) -> tuple[int, str, str]:
+    """``loomflow ARGV`` as a process of its own: exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "loomflow.cli",
+        *argv,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="300"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_an_audit_beside_one_that_writes_the_trail_is_refused_saying_so(
+    tmp_path: Path,
+) -> None:
+    """Two audits writing one trail at once read the same records: the second said it
+    audited "0 entries" (the first had chained them all), or failed on the trail's unique
+    keys ("UNIQUE constraint failed: audit_entries.key"). One audit writes a trail at a
+    time: the second is refused (exit 1) naming the trail, and verify reads beside it."""
+    db = tmp_path / "journal.db"
+    await _run(db, "s1")
+    follower = _following_audit(db)
+    try:
+        assert "Ctrl-C stops" in await _line(follower.stdout)
+        busy = "another `loomflow audit` is writing the audit trail"
+        code, out, err = await _loomflow("audit", "--db", str(db))
+        assert (code, out) == (1, ""), err
+        assert err == (
+            f"loomflow audit: {busy} {tmp_path / 'journal.audit.db'} now (one at a time), "
+            "and audits what this one would: run this again once it has ended\n"
+        )
+        code, out, err = await _loomflow("audit", "digest", "--db", str(db), "--digests", "-")
+        assert code == 1 and err.startswith(f"loomflow audit digest: {busy}"), err
+        assert "stop an `audit --follow` first" in err and out == ""
+
+        async def verified() -> bool:  # what the running audit chained, read beside it
+            code, out, _ = await _loomflow("audit", "verify", "--db", str(db))
+            return code == 0 and "verified 1 session" in out
+
+        await eventually(verified, within=60, what="the running audit to chain the log")
+    finally:
+        follower.send_signal(signal.SIGINT)
+        said, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 0
+    records = _position(db, "SELECT count(*) FROM loomflow_events")
+    assert f"audited {records} new records" in said, said
+    assert f"{records} entries in 1 session, 0 rejected" in said, said
+    # it is let go with its process: the next audit writes the trail, and finds it done
+    code, out, err = await _loomflow("audit", "--db", str(db))
+    assert code == 0 and "audited 0 new records" in out, err
+    assert _files(tmp_path, "journal.audit.db*") == ["journal.audit.db"]  # no lock left
+
+
+def _following_audit(db: Path) -> subprocess.Popen[str]:
+    """``loomflow audit --follow`` of the log ``db``, as a service of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomflow.cli", "audit", "--db", str(db), "--follow"],
+        env=dict(os.environ, PYTHONPATH=str(ROOT), NO_COLOR="1", COLUMNS="300"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _files(directory: Path, pattern: str) -> list[str]:
+    return sorted(p.name for p in directory.glob(pattern))
 
 
 def test_verify_of_a_session_it_does_not_know_or_of_a_dropped_trail_fails(

@@ -178,14 +178,53 @@ async def test_audit_keeps_a_record_filed_under_another_scope_and_goes_on(env: K
     assert code == 0 and "verified 1 session," in out, out
 
 
-def _tail(env: KafkaEnv, *options: str) -> subprocess.Popen[str]:
+async def test_an_audit_beside_one_that_follows_the_topic_is_refused_saying_so(
+    env: KafkaEnv,
+) -> None:
+    """Two audits share the audit group: the second took some of the topic's partitions
+    (or none, and said it audited "0 new records") while both wrote the one trail. One
+    audit writes a trail at a time: the second is refused (exit 1) naming the trail."""
+    await env.start_projector()
+    await _research(env, "a", "b")
+    follower = _started(env, "audit", "--follow")
+    try:
+        assert follower.stdout is not None
+        ready = await asyncio.wait_for(asyncio.to_thread(follower.stdout.readline), 60)
+        assert "Ctrl-C stops" in ready, ready
+        code, out = await _loomflow(env, "audit")
+        assert code == 1, out
+        assert (
+            "loomflow audit: another `loomflow audit` is writing the audit trail in PostgreSQL "
+            f"schema {env.schema} now (one at a time), and audits what this one would"
+        ) in out, out
+        assert "audited" not in out
+
+        async def verified() -> bool:  # the running one audits the whole topic, alone
+            code, out = await _loomflow(env, "audit", "verify")
+            return code == 0 and "verified 2 sessions" in out
+
+        await eventually(verified, within=90, what="the running audit to chain the topic")
+    finally:
+        follower.send_signal(signal.SIGINT)
+        said, _ = await asyncio.to_thread(follower.communicate, timeout=60)
+    assert follower.returncode == 0 and "in 2 sessions, 0 rejected" in said, said
+    code, out = await _loomflow(env, "audit")  # let go with its process
+    assert code == 0 and "audited 0 new records" in out, out
+
+
+def _started(env: KafkaEnv, *argv: str) -> subprocess.Popen[str]:
+    """``loomflow ARGV`` started as a process of its own, left running."""
     return subprocess.Popen(
-        [sys.executable, "-m", "loomflow.cli", "tail", *options],
+        [sys.executable, "-m", "loomflow.cli", *argv],
         env=_env_of(env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def _tail(env: KafkaEnv, *options: str) -> subprocess.Popen[str]:
+    return _started(env, "tail", *options)
 
 
 async def test_tail_prints_events_appended_while_it_runs(env: KafkaEnv) -> None:

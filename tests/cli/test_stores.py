@@ -77,6 +77,20 @@ def test_the_note_says_what_the_command_does_there_and_never_shows_the_password(
     assert "s3cret" not in err and "ops" not in err
 
 
+def test_a_store_is_named_by_its_file_or_its_address_and_schema_never_its_password(
+    no_settings: None, tmp_path: Path
+) -> None:
+    """What the console's first line says it serves (``loomflow ui``), as the notes above
+    name a PostgreSQL: host, port, database and schema, whether the DSN came from --dsn or
+    the settings."""
+    named = _scaled(dsn="postgresql://ops:s3cret@db.internal:6543/agents", schema="prod")
+    assert named.name == "the PostgreSQL read model at db.internal:6543/agents, schema prod"
+    default = _scaled().name
+    assert default == "the PostgreSQL read model at 127.0.0.1:5432/loomflow, schema loomflow"
+    assert f"({default})" in README  # as the README's console section quotes it
+    assert _scaled(tmp_path / "journal.db").name == f"SQLite {tmp_path / 'journal.db'}"
+
+
 def test_a_store_the_user_named_is_not_announced(
     no_settings: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -178,7 +178,7 @@ async def test_a_failed_model_call_and_a_tool_error_are_failed_spans(tmp_path: P
     db = tmp_path / "journal.db"
     # the script has no third reply: the model call after the tool's error raises
     agent = _agent(db, [ScriptedModel.tool_call("broken", city="Oslo")], tools=[broken])
-    with pytest.raises(Exception, match="has 1 replies"):
+    with pytest.raises(Exception, match="has 1 reply and"):
         await agent.run("How many live in Oslo?", session_id="s")
     await agent.runtime.close()
     spans, _, _ = _fold_all(await _events(db))
@@ -188,7 +188,7 @@ async def test_a_failed_model_call_and_a_tool_error_are_failed_spans(tmp_path: P
     assert tool.attributes["error.type"] == "ValueError"
     ok, failed = sorted(named["chat scripted"], key=lambda s: s.start_ns)
     assert ok.error is None and failed.attributes["error.type"] == "ModelError"
-    assert failed.start_ns == tool.end_ns and "has 1 replies" in (failed.error or "")
+    assert failed.start_ns == tool.end_ns and "has 1 reply and" in (failed.error or "")
     (run,) = named["invoke_agent geo"]
     assert run.attributes["loomflow.run.outcome"] == "failed"
     assert run.error is not None and run.error.startswith("ModelError: ")

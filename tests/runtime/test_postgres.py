@@ -24,6 +24,7 @@ from loomflow.errors import (
     SessionErasedError,
     StaleWriterError,
     StoreError,
+    StoreUnavailableError,
 )
 from loomflow.log.reader import sqlite_reader
 from loomflow.projections import postgres as pg
@@ -349,6 +350,19 @@ async def test_an_unreachable_server_is_a_clear_error_without_the_password() -> 
     await lazy.close()
     with pytest.raises(StoreError, match="closed"):
         await lazy.list_checkpoints(Scope("s1"))
+
+
+def test_a_driver_reason_that_quotes_the_dsn_is_told_without_its_password() -> None:
+    """What a connection that failed says (the store's, the audit's lock's): the
+    driver's reason, with a password it quoted masked, retriable when the server is away."""
+    dsn = "postgresql://loomflow:s3cret-pw@db.internal:5432/loomflow"
+    exc = OSError(f"could not reach {dsn}")
+    error = pg.connect_error(dsn, "db.internal:5432/loomflow", exc, "start it")
+    assert str(error) == (
+        "cannot connect to PostgreSQL at db.internal:5432/loomflow (OSError: could not reach "
+        "postgresql://loomflow:***@db.internal:5432/loomflow); start it"
+    )
+    assert isinstance(error, StoreUnavailableError)
 
 
 # --- concurrent writers --------------------------------------------------------------------

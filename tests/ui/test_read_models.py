@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -186,3 +187,23 @@ async def test_the_console_over_a_postgres_runtimes_schema_writes_to_postgresql(
         lifecycle.APPROVALS.clear()
         done = await lifecycle.payer(runtime).resume(session_id=made["signalled"], user_id="alice")
         assert done.stop_reason == "completed" and lifecycle.APPROVALS == [{"ok": True}]
+
+
+@pytest.mark.postgres
+async def test_the_console_says_which_postgresql_schema_it_serves(
+    own_schema: str, tmp_path: Path
+) -> None:
+    """Its first line names the read model as every command's note names it: host, port,
+    database and schema, never the DSN's user or password (it said only "the PostgreSQL
+    read model", so a user with several schemas could not tell which one it served)."""
+    async with PostgresRuntime(postgres_dsn(), schema=own_schema) as runtime:
+        await write_journal(runtime, zoo=False)
+    url = urlsplit(postgres_dsn())
+    where = f"{url.hostname}:{url.port or 5432}{url.path}, schema {own_schema}"
+    env = {**user_env(), "LOOMFLOW_POSTGRES_DSN": postgres_dsn(), "LOOMFLOW_SCHEMA": own_schema}
+    for named in ((), ("--dsn", postgres_dsn())):  # by the settings, or by --dsn
+        with ui_process(tmp_path, "--port", "0", *named, env=env) as ui:
+            first = ui.stderr().splitlines()[0]
+        assert first == (
+            f"loomflow console on {ui.url} (the PostgreSQL read model at {where}); Ctrl-C stops"
+        ), first  # the whole line: no user, no password

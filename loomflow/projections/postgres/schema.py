@@ -16,6 +16,7 @@ import hashlib
 import logging
 import re
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -268,6 +269,16 @@ def store_error(message: str, exc: BaseException) -> StoreError:
     if isinstance(exc, _UNAVAILABLE):
         return StoreUnavailableError(message)
     return StoreError(message)
+
+
+def connect_error(dsn: str, where: str, exc: BaseException, hint: str) -> StoreError:
+    """The StoreError of a connection to the PostgreSQL of ``dsn`` (named ``where``) that
+    failed: the driver's reason, never the DSN's password, and ``hint``."""
+    reason = f"{type(exc).__name__}: {exc}"
+    password = urlsplit(dsn).password if "://" in dsn else None
+    if password:
+        reason = reason.replace(password, "***")
+    return store_error(f"cannot connect to PostgreSQL at {where} ({reason}); {hint}", exc)
 
 
 # -- schema and migrations ------------------------------------------------------------
