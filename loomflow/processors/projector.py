@@ -458,7 +458,7 @@ class Projector:
         publish_snapshots: bool = True,
         snapshot_interval: float = 30.0,
         fetch_max_wait_ms: int = 20,
-        lanes: int = 1,
+        lanes: int = 2,
         commit_interval: float = 5.0,
     ) -> None:
         self.settings = settings = Settings.resolve(settings)
@@ -672,15 +672,16 @@ class Projector:
         Lane tasks apply the records (partition p in lane p % ``lanes``), each lane one
         transaction at a time holding everything fetched for it meanwhile, while this
         loop fetches the next ones: decoding, folding and PostgreSQL's work overlap
-        instead of taking turns. One lane (the default) measured best here: at low rates
-        it makes the fewest transactions, and under load its batches grow. A session
-        lives in one partition, so lanes never touch the same rows. A partition far
-        behind is not fetched from, so memory stays bounded (it is left out of the
-        fetch, not paused: aiokafka drops what it buffered of a paused partition, and
-        fetching it again had a worker read 2.3 times the topic's bytes). A failed
-        transaction drops whatever
-        was fetched after it and fails the next step, which goes back to the stored
-        positions first.
+        instead of taking turns. Two lanes (the default) keep the worker busy while one
+        transaction waits for PostgreSQL's COPY and commit: with a backlog the worker's
+        CPU was busy 0.82 of the time with one lane, 0.92 with two, for ~10% more events
+        a second (BENCHMARKS.md, 2026-12-07 (evening)), which leaves a third little to
+        fill. A session lives in one partition, so lanes never touch the same rows. A
+        partition far behind is not fetched from, so memory stays bounded (it is left out
+        of the fetch, not paused: aiokafka drops what it buffered of a paused partition,
+        and fetching it again had a worker read 2.3 times the topic's bytes). A failed
+        transaction drops whatever was fetched after it and fails the next step, which
+        goes back to the stored positions first.
         """
         consumer = self._consumer
         assert consumer is not None, "start() the projector first"

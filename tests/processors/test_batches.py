@@ -370,3 +370,66 @@ async def test_a_partition_its_lane_cannot_take_is_not_fetched_and_nothing_is_lo
         projector.gate.set()
         await projector.stop()
         await env.close()
+
+
+class _PartitionGated(Projector):
+    """A projector whose transactions of partition 0 wait at a gate: a slow transaction
+    (a large batch, a lock) in one partition."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.gate = asyncio.Event()
+        self.held = asyncio.Event()  # set once a transaction of partition 0 waits
+
+    async def _apply(self, batches: Any) -> None:
+        if any(tp.partition == 0 for tp in batches):
+            self.held.set()
+            await self.gate.wait()
+        await super()._apply(batches)
+
+
+async def _session_in(producer: EventProducer, partition: int, prefix: str) -> str:
+    """A session id whose records go to ``partition``."""
+    for n in range(1000):
+        if await producer.partition_of(scope_key(None, f"{prefix}{n}")) == partition:
+            return f"{prefix}{n}"
+    raise AssertionError(f"no session of partition {partition}")
+
+
+@pytest.mark.kafka
+async def test_a_partition_whose_transaction_waits_does_not_hold_up_the_others() -> None:
+    """The projector as ``loomflow processor`` makes it (its default lanes) applies
+    partitions in more than one transaction at a time: while one waits for PostgreSQL,
+    another partition's records are decoded, folded and written."""
+    env = await KafkaEnv.create(partitions=2)
+    projector = _PartitionGated(env.settings, poll_ms=20)
+    stop = asyncio.Event()
+    producer = EventProducer(env.bootstrap, env.topics)
+    task: asyncio.Task[None] | None = None
+    try:
+        await projector.start()
+        task = asyncio.create_task(projector.run(stop))
+        first = await _session_in(producer, 0, "held")
+        second = await _session_in(producer, 1, "free")
+        held, free = session_events(first, 2), session_events(second, 2)
+        await producer.send(held)
+        await asyncio.wait_for(projector.held.wait(), 30)
+        await producer.send(free)
+        ends = await env.end_offsets()
+
+        async def second_applied() -> bool:
+            return (await env.positions()).get(1, 0) >= ends[1]
+
+        await eventually(second_applied, what="partition 1 applied while partition 0 waits")
+        assert (await env.positions()).get(0, 0) < ends[0]
+        projector.gate.set()
+        await eventually(env.caught_up, what="the projector to apply every event")
+        assert projector.applied == len(held) + len(free) and projector.dead_lettered == 0
+    finally:
+        stop.set()
+        projector.gate.set()
+        if task is not None:
+            await task
+        await producer.stop()
+        await projector.stop()
+        await env.close()
